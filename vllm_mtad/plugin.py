@@ -1,0 +1,25 @@
+"""The ``vllm.general_plugins`` entry point: vLLM calls :func:`register` in every process.
+
+Nothing is patched at import time. ``register()`` is safe to call repeatedly; it checks the
+installed vLLM against the supported series and refuses to start on any other.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from vllm_mtad.version import __version__, check_vllm_version
+
+logger = logging.getLogger(__name__)
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    import vllm
+
+    check_vllm_version(vllm.__version__)
+    if _registered:
+        return
+    _registered = True
+    logger.debug("vllm-mtad %s registered with vLLM %s", __version__, vllm.__version__)

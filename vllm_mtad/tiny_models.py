@@ -1,0 +1,120 @@
+"""Tiny random Llama target/draft pairs with an offline tokenizer, for tests and the quick demo.
+
+No model hub is needed: the tokenizer is a byte-level BPE trained on text shipped with Python
+(the standard library's docstrings), and the weights are random. The target uses a larger init
+than the default so that greedy decoding does not collapse onto one token; the draft is derived
+from the target (same embeddings, first layers), which gave 41 % greedy agreement with the
+4-layer target when measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+_CORPUS_MODULES = ("json", "pathlib", "argparse", "collections", "functools", "itertools",
+                   "logging", "re", "string", "textwrap", "unittest", "dataclasses", "typing")
+
+
+@dataclass(frozen=True)
+class TinyPairSpec:
+    vocab_size: int = 384
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    target_layers: int = 4
+    draft_layers: int = 3
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    init_std: float = 0.2
+    draft_noise: float = 0.0  # std of noise added to the draft's copied weights (0.02 already
+    # drops greedy agreement from 41 % to 16 %: these random nets are chaotic)
+    seed: int = 0
+    max_position_embeddings: int = 2048
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _corpus() -> list[str]:
+    import importlib
+    import inspect
+
+    texts = []
+    for name in _CORPUS_MODULES:
+        module = importlib.import_module(name)
+        for _, obj in sorted(vars(module).items()):
+            if callable(obj):  # functions and classes (not deprecated alias modules)
+                doc = inspect.getdoc(obj)
+                if doc:
+                    texts.append(doc)
+    return texts
+
+
+def build_tokenizer(vocab_size: int, out_dir: Path) -> None:
+    """Train a byte-level BPE tokenizer and save it in Hugging Face format to ``out_dir``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(out_dir)
+
+
+def _llama_config(spec: TinyPairSpec, num_layers: int, vocab_size: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size, hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size, num_hidden_layers=num_layers,
+        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings, initializer_range=spec.init_std,
+        bos_token_id=0, eos_token_id=1, tie_word_embeddings=False, torch_dtype="float32")
+
+
+def build_tiny_pair(root: str | os.PathLike, spec: TinyPairSpec = TinyPairSpec()) -> tuple[Path, Path]:
+    """Build (or reuse) ``root/<key>/target`` and ``root/<key>/draft``; returns their paths."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    base = Path(root) / f"tiny-llama-{spec.key()}"
+    target_dir, draft_dir = base / "target", base / "draft"
+    if (base / "DONE").exists():
+        return target_dir, draft_dir
+
+    tok_dir = base / "tokenizer"
+    build_tokenizer(spec.vocab_size, tok_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    vocab_size = len(tokenizer)
+
+    torch.manual_seed(spec.seed)
+    target = LlamaForCausalLM(_llama_config(spec, spec.target_layers, vocab_size)).float()
+    draft = LlamaForCausalLM(_llama_config(spec, spec.draft_layers, vocab_size)).float()
+    # The draft: the target's embeddings, first layers, final norm and head, plus noise.
+    draft_state = {}
+    for name, tensor in draft.state_dict().items():
+        source = target.state_dict()[name]
+        draft_state[name] = source + spec.draft_noise * torch.randn_like(source)
+    draft.load_state_dict(draft_state)
+
+    for model, path in ((target, target_dir), (draft, draft_dir)):
+        model.save_pretrained(path, safe_serialization=True)
+        tokenizer.save_pretrained(path)
+    (base / "DONE").write_text(json.dumps(asdict(spec), indent=2))
+    return target_dir, draft_dir
+
+
+def load_pair(target_dir: Path, draft_dir: Path):
+    """Load a pair as eval-mode fp32 ``transformers`` models."""
+    from transformers import AutoModelForCausalLM
+
+    return tuple(AutoModelForCausalLM.from_pretrained(p, dtype="float32").eval()
+                 for p in (target_dir, draft_dir))
