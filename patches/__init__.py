@@ -1,4 +1,26 @@
-"""Changes to vLLM's own behaviour, one file per patched vLLM module (see patches/README.md).
+"""Changes to vLLM's own behaviour, one file per patched vLLM module.
 
-Installed as ``vllm_mtad.patches``. Nothing here patches at import time.
+``engine/`` holds patches that matter in the front end and engine-core processes, ``worker/``
+those that matter in the model-runner processes. :func:`vllm_mtad.plugin.register` applies all
+of them in every process (each is cheap, idempotent and inert for engines without MTAD, except
+the named vLLM bug fix). Installed as ``vllm_mtad.patches``; nothing patches at import time.
+Every file opens with the same header fields (checked by tests/test_patches.py):
+Target, Why, How, Upstream, Checked, Removal.
 """
+
+from __future__ import annotations
+
+import importlib
+
+PATCH_MODULES = (
+    "engine.patch_arg_utils",
+    "engine.patch_config_vllm",
+    "engine.patch_input_processor",
+    "worker.patch_cpu_triton_utils",
+    "worker.patch_gpu_model_runner",
+)
+
+
+def apply_all() -> None:
+    for name in PATCH_MODULES:
+        importlib.import_module(f"{__name__}.{name}").apply()

@@ -56,3 +56,68 @@ def check_greedy_acceptance(key: str, value: Any) -> str:
         raise ValueError(f"MTAD setting {key!r} must be one of {list(GREEDY_ACCEPTANCE_MODES)}, "
                          f"got {value!r}.")
     return value
+
+
+# --- The user-facing "mtad" speculative config, translated for vLLM ---------------------------
+
+METHOD = "mtad"
+# Key under VllmConfig.additional_config (pickled to every process, part of the compile hash).
+ADDITIONAL_CONFIG_KEY = "mtad"
+# MTAD's own keys in the speculative config; everything else goes to vLLM's draft-model config.
+MTAD_KEYS = ("beam_width", "acceptance_threshold", "greedy_acceptance")
+# Per-request overrides, read from SamplingParams.extra_args (OpenAI server: "vllm_xargs").
+REQUEST_KEYS = ("acceptance_threshold", "greedy_acceptance")
+
+
+def translate_speculative_config(
+    speculative_config: dict[str, Any], additional_config: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Turn ``{"method": "mtad", "model": DRAFT, ...}`` into vLLM's draft-model form.
+
+    Returns (speculative_config for vLLM, additional_config with the validated MTAD settings).
+    Raises ValueError naming the key for bad settings. Pure dict work: no vLLM import.
+    """
+    spec = {k.replace("-", "_"): v for k, v in speculative_config.items()}
+    if spec.get("method") != METHOD:
+        raise ValueError(f"not an MTAD config: method={spec.get('method')!r}")
+    if not spec.get("model"):
+        raise ValueError("MTAD setting 'model' is required: the path or name of the draft model "
+                         "(same tokenizer and vocabulary as the target).")
+    gamma = spec.get("num_speculative_tokens")
+    if gamma is None:
+        raise ValueError("MTAD setting 'num_speculative_tokens' is required: the draft length γ, "
+                         "an integer >= 1.")
+    mtad_kwargs = {k: spec.pop(k) for k in MTAD_KEYS if k in spec}
+    cfg = MTADConfig(num_speculative_tokens=gamma, **mtad_kwargs)
+    for key in ("draft_sample_method", "rejection_sample_method", "parallel_drafting",
+                "use_heterogeneous_vocab"):
+        if key in spec:
+            raise ValueError(f"speculative config key {key!r} does not apply to method 'mtad' "
+                             "(MTAD drafts by beam search/sampling and accepts by its own rule); "
+                             "remove it.")
+    spec["method"] = "draft_model"
+    additional = dict(additional_config or {})
+    additional[ADDITIONAL_CONFIG_KEY] = cfg.to_dict()
+    return spec, additional
+
+
+def from_additional_config(additional_config: Any) -> MTADConfig | None:
+    """The engine's MTADConfig, or None for an engine that does not use MTAD."""
+    if not isinstance(additional_config, dict) or ADDITIONAL_CONFIG_KEY not in additional_config:
+        return None
+    return MTADConfig(**additional_config[ADDITIONAL_CONFIG_KEY])
+
+
+def request_settings(extra_args: dict[str, Any] | None, default: MTADConfig) -> tuple[float, str]:
+    """(τ, greedy mode) for one request: its extra_args overrides, else the engine's settings.
+
+    Raises ValueError naming the key for a bad override (the front end turns it into a 400).
+    """
+    extra_args = extra_args or {}
+    tau = default.acceptance_threshold
+    mode = default.greedy_acceptance
+    if "acceptance_threshold" in extra_args:
+        tau = check_threshold("acceptance_threshold", extra_args["acceptance_threshold"])
+    if "greedy_acceptance" in extra_args:
+        mode = check_greedy_acceptance("greedy_acceptance", extra_args["greedy_acceptance"])
+    return tau, mode

@@ -1,7 +1,9 @@
 """The ``vllm.general_plugins`` entry point: vLLM calls :func:`register` in every process.
 
 Nothing is patched at import time. ``register()`` is safe to call repeatedly; it checks the
-installed vLLM against the supported series and refuses to start on any other.
+installed vLLM against the supported series (refusing to start on any other), then applies the
+patches in ``patches/`` (each inert for engines that do not use MTAD, except the named fix of
+a vLLM bug).
 """
 
 from __future__ import annotations
@@ -21,5 +23,8 @@ def register() -> None:
     check_vllm_version(vllm.__version__)
     if _registered:
         return
+    from vllm_mtad.patches import apply_all
+
+    apply_all()
     _registered = True
     logger.debug("vllm-mtad %s registered with vLLM %s", __version__, vllm.__version__)

@@ -3,7 +3,7 @@
 No model hub is needed: the tokenizer is a byte-level BPE trained on text shipped with Python
 (the standard library's docstrings), and the weights are random. The target uses a larger init
 than the default so that greedy decoding does not collapse onto one token; the draft is derived
-from the target (same embeddings, first layers), which gave 41 % greedy agreement with the
+from the target (same embeddings, first layers), which gave 36 % greedy agreement with the
 4-layer target when measured.
 """
 
@@ -22,15 +22,15 @@ _CORPUS_MODULES = ("json", "pathlib", "argparse", "collections", "functools", "i
 @dataclass(frozen=True)
 class TinyPairSpec:
     vocab_size: int = 384
-    hidden_size: int = 64
-    intermediate_size: int = 128
+    hidden_size: int = 128  # head_dim 32: the smallest head size CPU attention supports
+    intermediate_size: int = 256
     target_layers: int = 4
     draft_layers: int = 3
     num_heads: int = 4
     num_kv_heads: int = 2
     init_std: float = 0.2
     draft_noise: float = 0.0  # std of noise added to the draft's copied weights (0.02 already
-    # drops greedy agreement from 41 % to 16 %: these random nets are chaotic)
+    # drops greedy agreement from 36 % to 17 %: these random nets are chaotic)
     seed: int = 0
     max_position_embeddings: int = 2048
 

@@ -1,5 +1,7 @@
 """Versions: this package's, and the vLLM versions it supports (the one source of truth)."""
 
+import re
+
 __version__ = "0.1.0"
 
 # vLLM release series whose internals the patches in patches/ were written against. A vLLM
@@ -15,13 +17,14 @@ class UnsupportedVLLMVersionError(RuntimeError):
 
 def parse_release(version: str) -> tuple[int, ...]:
     """'0.32.0+cpu' -> (0, 32, 0); 'garbage' -> ()."""
-    release = version.split("+", 1)[0]
     parts = []
-    for piece in release.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
-        if not digits:
+    for piece in version.split("+", 1)[0].split("."):
+        digits = re.match(r"\d+", piece)
+        if digits is None:
             break
-        parts.append(int(digits))
+        parts.append(int(digits.group()))
+        if digits.end() < len(piece):  # "1rc2": a pre-release tag ends the release part
+            break
     return tuple(parts)
 
 

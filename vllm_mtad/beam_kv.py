@@ -1,0 +1,141 @@
+"""Where each draft beam's KV lives on the paged cache: block tables, copies and slots.
+
+Plain PyTorch (no vLLM import). Legend: B = requests, W = beams, C = block-table columns,
+bs = block size, γ = draft length, p = position of the last token whose draft KV exists (the
+bonus token of the first pass), so beam tokens are written at positions p+1 .. p+γ-1 (draft
+steps 2..γ; step t writes position p+t-1).
+
+Design (DESIGN.md §2):
+- every beam's block-table row points at the request's own blocks for the shared prefix:
+  forking is by reference, no prefix copy;
+- the tail columns j0 = (p+1)//bs .. c_last = (p+γ-1)//bs, where beams write, are private:
+  beam 0 uses the request's own blocks there (its writes beyond the accepted length are
+  rewritten by the next round's catch-up pass before anyone reads them), beam w >= 1 uses
+  blocks the request owns *after* c_last (reserved by an enlarged scheduler lookahead);
+- when a beam is forked or re-parented, only the block that holds the write position is
+  copied from the parent (copy-on-write of the partially filled tail block); columns the
+  parent has already filled are shared by reference (full blocks are never written again);
+- a request without room for W private tails drafts with fewer beams (down to one), decided per
+  row on the device without a host sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PADDING_SLOT = -1
+
+
+def tail_blocks(gamma: int, block_size: int) -> int:
+    """Most block columns the γ-1 positions p+1 .. p+γ-1 can span."""
+    n = gamma - 1
+    return 1 if n <= 1 else (n - 2) // block_size + 2
+
+
+def lookahead_tokens(gamma: int, beam_width: int, block_size: int) -> int:
+    """KV slots the scheduler must reserve past a request's tokens for γ steps of W beams:
+    vLLM's γ for the chain (plus one slot of slack), then W-1 private tails of whole blocks."""
+    return gamma + 1 + (beam_width - 1) * tail_blocks(gamma, block_size) * block_size
+
+
+@dataclass
+class BeamStepKV:
+    """What one beam forward needs (draft step t >= 2)."""
+
+    # [B*W, C] int32: each beam row's block table.
+    block_table: torch.Tensor
+    # [B*W] int64: KV write slot of each beam row (PADDING_SLOT: do not write).
+    slot_mapping: torch.Tensor
+    # [B*W] int64: position of the token each beam row feeds.
+    positions: torch.Tensor
+    # [B*W] int32: sequence length each beam row attends over (its position + 1).
+    seq_lens: torch.Tensor
+    # [N] int64 each: copy block src[i] -> dst[i] in the draft layers before the forward.
+    copy_src: torch.Tensor
+    copy_dst: torch.Tensor
+
+
+class BeamKVLayout:
+    """Plans the beams' KV for one draft round of a batch.
+
+    Args:
+        block_table: [B, C] int block ids of each request (columns past num_blocks are unused).
+        num_blocks: [B] int, blocks each request owns (valid columns).
+        bonus_positions: [B] int64, p.
+        gamma: draft length; beam_width: W; block_size: bs; max_model_len: positions at or
+            beyond it are never written.
+    """
+
+    def __init__(self, block_table: torch.Tensor, num_blocks: torch.Tensor,
+                 bonus_positions: torch.Tensor, gamma: int, beam_width: int, block_size: int,
+                 max_model_len: int):
+        B, C = block_table.shape
+        W, bs = beam_width, block_size
+        self.B, self.C, self.W, self.bs, self.gamma = B, C, W, bs, gamma
+        self.max_model_len = max_model_len
+        dev = block_table.device
+        self.block_table = block_table.to(torch.int64)
+        self.p = bonus_positions.to(torch.int64)
+        num_blocks = num_blocks.to(torch.int64).to(dev)
+        self.num_blocks = num_blocks
+        self.j0 = (self.p + 1) // bs  # [B] first tail column
+        c_last = (self.p + max(gamma - 1, 1)) // bs  # [B] last tail column
+        self.nb = c_last - self.j0 + 1  # [B] tail columns per beam
+        self.nb_max = tail_blocks(gamma, bs)
+        # Spare columns after the tail, in units of one beam's tail: [B]
+        spare = (num_blocks - 1 - c_last).clamp(min=0) // self.nb
+        self.row_beam_width = torch.minimum(spare + 1, torch.full_like(spare, W))  # [B]
+
+        # own[b, w, i]: the block beam w writes in tail column j0 + i.  [B, W, nb_max]
+        i = torch.arange(self.nb_max, device=dev)
+        w = torch.arange(W, device=dev)
+        col = torch.where(w[None, :, None] == 0,
+                          self.j0[:, None, None] + i[None, None, :],
+                          c_last[:, None, None] + 1
+                          + (w[None, :, None] - 1) * self.nb[:, None, None] + i[None, None, :])
+        self.own = self.block_table.gather(1, col.clamp(max=C - 1).reshape(B, -1)).reshape(B, W, -1)
+        # The previous step's tables for the tail columns: one root beam = beam 0's blocks.
+        self.tab = self.own[:, :1].clone()  # [B, W_prev, nb_max]
+
+    def step(self, parents: torch.Tensor, t: int) -> BeamStepKV:
+        """KV plan for draft step t (2..γ) given each new beam's parent index.
+
+        Args:
+            parents: [B, W] int64, index of each beam's parent among the previous step's beams
+                (all 0 after step 1).
+        """
+        B, W, bs = self.B, self.W, self.bs
+        assert parents.shape == (B, W) and 2 <= t <= self.gamma
+        wpos = self.p + t - 1  # [B] position written at this step
+        i_cur = (wpos // bs - self.j0).clamp(0, self.nb_max - 1)  # [B] tail column index
+        idx = i_cur[:, None, None].expand(B, W, 1)
+
+        inherited = self.tab.gather(1, parents[:, :, None].expand(B, W, self.nb_max))
+        src = inherited.gather(2, idx)[:, :, 0]  # [B, W] parent's block at the write column
+        dst = self.own.gather(2, idx)[:, :, 0]  # [B, W] this beam's own block there
+        tab = inherited.scatter(2, idx, dst[:, :, None])
+        self.tab = tab
+
+        live = torch.arange(W, device=parents.device)[None, :] < self.row_beam_width[:, None]
+        in_range = (wpos < self.max_model_len) & (wpos // bs < self.num_blocks)  # [B]
+        writable = live & in_range[:, None]
+        # Copy-on-write of the partially filled block only: the write column already holds
+        # positions of the parent's history (wpos is not the first slot of the block).
+        need_copy = writable & (src != dst) & ((wpos % bs) != 0)[:, None]
+
+        rows = self.block_table.repeat_interleave(W, dim=0)  # [B*W, C]
+        cols = (self.j0[:, None] + torch.arange(self.nb_max, device=rows.device)[None, :])
+        cols = cols.clamp(max=self.C - 1).repeat_interleave(W, dim=0)  # [B*W, nb_max]
+        in_tail = (torch.arange(self.nb_max, device=rows.device)[None, :]
+                   < self.nb[:, None]).repeat_interleave(W, dim=0)
+        values = torch.where(in_tail, tab.reshape(B * W, -1), rows.gather(1, cols))
+        rows = rows.scatter(1, cols, values)
+
+        slots = torch.where(writable, dst * bs + (wpos % bs)[:, None],
+                            torch.full_like(dst, PADDING_SLOT)).reshape(-1)
+        positions = wpos.repeat_interleave(W)
+        return BeamStepKV(block_table=rows.to(torch.int32), slot_mapping=slots,
+                          positions=positions, seq_lens=(positions + 1).to(torch.int32),
+                          copy_src=src[need_copy], copy_dst=dst[need_copy])
