@@ -1,6 +1,14 @@
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# vLLM in-process (no engine-core/worker subprocesses) and one thread: ~3 s per engine instead
+# of ~17 s (DESIGN.md §3). Tests that need the real multi-process layout (the server, TP) start
+# their own processes.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,11 @@ _CORPUS_MODULES = ("json", "pathlib", "argparse", "collections", "functools", "i
                    "logging", "re", "string", "textwrap", "unittest", "dataclasses", "typing")
 
 
+# A plain chat template so the OpenAI chat endpoint works with the tiny tokenizer.
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
 @dataclass(frozen=True)
 class TinyPairSpec:
     vocab_size: int = 384
@@ -66,6 +71,7 @@ def build_tokenizer(vocab_size: int, out_dir: Path) -> None:
                                   show_progress=False)
     tok.train_from_iterator(_corpus(), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
 
 

