@@ -1,0 +1,186 @@
+"""The real OpenAI-compatible server (``vllm-mtad serve``, multi-process engine) with MTAD."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from vllm_mtad import reference as ref
+from vllm_mtad.config import MTADConfig
+
+pytestmark = pytest.mark.e2e
+
+GAMMA, WIDTH, TAU = 4, 4, 0.5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_cmd(target_dir, spec: dict, port: int) -> list[str]:
+    cli = Path(sys.executable).with_name("vllm-mtad")
+    return [str(cli), "serve", str(target_dir), "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "8",
+            "--enforce-eager", "--block-size", "32", "--speculative-config", json.dumps(spec)]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs vLLM's real layout
+    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair_dirs, tmp_path_factory):
+    import requests
+
+    target_dir, draft_dir = tiny_pair_dirs
+    port = _free_port()
+    spec = {"method": "mtad", "model": str(draft_dir), "num_speculative_tokens": GAMMA,
+            "beam_width": WIDTH, "acceptance_threshold": TAU}
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(_serve_cmd(target_dir, spec, port), stdout=fh,
+                                stderr=subprocess.STDOUT, env=_env())
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited: {log.read_text()[-3000:]}")
+            try:
+                if requests.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(1)
+        else:
+            raise RuntimeError(f"server not ready in 240 s: {log.read_text()[-3000:]}")
+        yield base, str(target_dir)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _client(base):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+PROMPT_IDS = list(range(10, 50))
+
+
+def test_completion_greedy_matches_reference_and_streams(server, tiny_pair):
+    base, model = server
+    client = _client(base)
+    resp = client.completions.create(model=model, prompt=PROMPT_IDS, max_tokens=32,
+                                     temperature=0.0, extra_body={"ignore_eos": True,
+                                                                  "return_token_ids": True})
+    want = ref.generate(*tiny_pair, PROMPT_IDS, 32, MTADConfig(GAMMA, WIDTH, TAU),
+                        ref.Sampling(temperature=0.0)).token_ids
+    assert resp.choices[0].token_ids == want
+    streamed = client.completions.create(model=model, prompt=PROMPT_IDS, max_tokens=32,
+                                         temperature=0.0, stream=True,
+                                         extra_body={"ignore_eos": True})
+    chunks = [c.choices[0].text for c in streamed if c.choices]
+    assert len(chunks) > 1 and "".join(chunks) == resp.choices[0].text
+
+
+def test_chat_streaming_and_not(server):
+    base, model = server
+    client = _client(base)
+    messages = [{"role": "user", "content": "Split the string at the separator"}]
+    resp = client.chat.completions.create(model=model, messages=messages, max_tokens=24,
+                                          temperature=1.0, top_p=0.9, seed=3,
+                                          extra_body={"ignore_eos": True})
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.usage.completion_tokens == 24
+    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=24,
+                                            temperature=1.0, top_p=0.9, seed=3, stream=True,
+                                            extra_body={"ignore_eos": True})
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == resp.choices[0].message.content  # same seed, same output
+
+
+def test_per_request_threshold_and_bad_requests_while_others_carry_on(server):
+    import requests
+
+    base, model = server
+    url = f"{base}/v1/completions"
+    good_results = []
+
+    def good(i):
+        r = requests.post(url, json={"model": model, "prompt": PROMPT_IDS, "max_tokens": 24,
+                                     "temperature": 1.0, "seed": i, "ignore_eos": True,
+                                     "vllm_xargs": {"acceptance_threshold": 0.3}}, timeout=120)
+        good_results.append((r.status_code, r.json()["usage"]["completion_tokens"]
+                             if r.status_code == 200 else r.text))
+
+    threads = [threading.Thread(target=good, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    bad = [
+        ({"vllm_xargs": {"acceptance_threshold": 5}}, "acceptance_threshold"),
+        ({"vllm_xargs": {"acceptance_threshold": 0}}, "acceptance_threshold"),
+        ({"vllm_xargs": {"greedy_acceptance": "fast"}}, "greedy_acceptance"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"temperature": -1.0}, "temperature"),
+    ]
+    for change, key in bad:
+        body = {"model": model, "prompt": "Return a list", "max_tokens": 8, **change}
+        r = requests.post(url, json=body, timeout=60)
+        assert 400 <= r.status_code < 500 and key in r.text, (change, r.status_code, r.text)
+    r = requests.post(url, data="{not json", headers={"Content-Type": "application/json"},
+                      timeout=60)
+    assert 400 <= r.status_code < 500
+    r = requests.post(url, json={"model": "no-such-model", "prompt": "x"}, timeout=60)
+    assert 400 <= r.status_code < 500
+    for t in threads:
+        t.join()
+    assert good_results == [(200, 24)] * 6
+
+
+def test_metrics_endpoint_reports_spec_decode(server):
+    import requests
+
+    base, model = server
+    requests.post(f"{base}/v1/completions", json={"model": model, "prompt": PROMPT_IDS,
+                                                  "max_tokens": 16, "temperature": 0.0,
+                                                  "ignore_eos": True}, timeout=120)
+    text = requests.get(f"{base}/metrics", timeout=30).text
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:spec_decode_num_") and "_total{" in line:
+            name = line.split("{")[0]
+            values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    drafts = values["vllm:spec_decode_num_drafts_total"]
+    assert drafts > 0
+    assert values["vllm:spec_decode_num_draft_tokens_total"] == GAMMA * drafts
+    accepted = values["vllm:spec_decode_num_accepted_tokens_total"]
+    assert 0 <= accepted <= GAMMA * drafts
+    assert values["vllm:spec_decode_num_accepted_tokens_per_pos_total"] == accepted
+
+
+def test_bad_mtad_config_stops_server_startup(tiny_pair_dirs):
+    target_dir, draft_dir = tiny_pair_dirs
+    spec = {"method": "mtad", "model": str(draft_dir), "num_speculative_tokens": 4,
+            "beam_width": 0}
+    proc = subprocess.run(_serve_cmd(target_dir, spec, _free_port()), capture_output=True,
+                          text=True, timeout=240, env=_env())
+    assert proc.returncode != 0
+    assert "'beam_width' must be an integer >= 1, got 0" in proc.stdout + proc.stderr
