@@ -351,3 +351,14 @@ def test_cpu_expand_bug_shows_without_the_plugin(tiny_pair_dirs):
     accepted, drafted = _expand_check(tiny_pair_dirs[0],
                                       {"VLLM_PLUGINS": "lora_filesystem_resolver"})
     assert drafted > 0 and accepted < 0.5 * drafted
+
+
+def test_top_k_alone_with_prefill_only_steps(tiny_pair_dirs):
+    """Regression: a step where no request has drafts (all prefill) with a top-k-only request
+    crashed in vLLM's apply_top_k_only on an empty tensor."""
+    target_dir, draft_dir = tiny_pair_dirs
+    llm = make_llm(target_dir, mtad_spec(draft_dir), disable_log_stats=False)
+    got = generate_ids(llm, PROMPTS, [sampled_params(20, seed=i, top_k=5) for i in range(4)])
+    m = spec_metrics(llm)
+    close(llm)
+    assert [len(t) for t in got] == [20] * 4 and m["num_drafts"] > 0

@@ -38,6 +38,12 @@ class MTADRejectionSampler(RejectionSampler):
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
         assert metadata.max_spec_len <= vllm_rs.MAX_SPEC_LEN
+        if metadata.target_logits_indices.numel() == 0:
+            # No request has drafts (e.g. an all-prefill step): sample as vLLM's
+            # non-speculative path does. (Going on would hand vLLM's apply_top_k_only an empty
+            # tensor, which fails when a request uses top-k without top-p.)
+            return self.sampler(logits=logits[metadata.bonus_logits_indices],
+                                sampling_metadata=sampling_metadata)
         # The bonus token, exactly as vLLM samples it.
         bonus_out = self.sampler(
             logits=logits[metadata.bonus_logits_indices],
@@ -47,7 +53,6 @@ class MTADRejectionSampler(RejectionSampler):
                                     else "raw_logits"))
         # [num_requests, 1] int32
         bonus_token_ids = bonus_out.sampled_token_ids
-
         # Target logits at the draft positions: [num_draft_tokens, V] float32.
         raw_target_logits = logits[metadata.target_logits_indices].to(torch.float32)
         target_logits = raw_target_logits

@@ -1,0 +1,42 @@
+"""Tensor parallelism: MTAD with TP=2 on vLLM's multiprocessing executor.
+
+Every rank drafts and verifies redundantly; any divergence between ranks (random streams,
+beam choices) would corrupt the KV cache or hang. On this CPU machine vLLM needs the thread
+binding given by hand (one NUMA node). vLLM's CPU platform refuses the Ray executor, so Ray is
+not exercised here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tp_run import PROMPTS, run
+from vllm_mtad import reference as ref
+from vllm_mtad.config import MTADConfig
+
+pytestmark = pytest.mark.e2e
+
+
+def test_tp2_equals_tp1_and_the_reference(tiny_pair_dirs, tiny_pair):
+    target_dir, draft_dir = tiny_pair_dirs
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    proc = subprocess.run([sys.executable, "-m", "tests.tp_run", str(target_dir),
+                           str(draft_dir), "2"], env=env, capture_output=True, text=True,
+                          timeout=400, cwd=Path(__file__).parent.parent)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    tp2 = json.loads(lines[0].removeprefix("RESULT "))
+
+    tp1 = run(target_dir, draft_dir, 1, in_process=True)
+    assert tp2 == tp1
+    cfg = MTADConfig(4, 4, 0.5)
+    for prompt, tokens in zip(PROMPTS, tp2["greedy"]):
+        assert tokens == ref.generate(*tiny_pair, prompt, 40, cfg,
+                                      ref.Sampling(temperature=0.0)).token_ids
