@@ -362,3 +362,20 @@ def test_top_k_alone_with_prefill_only_steps(tiny_pair_dirs):
     m = spec_metrics(llm)
     close(llm)
     assert [len(t) for t in got] == [20] * 4 and m["num_drafts"] > 0
+
+
+def test_rows_without_room_fall_back_to_fewer_beams(tiny_pair_dirs, tiny_pair):
+    """Near max_model_len the scheduler caps the lookahead, so some rows cannot hold W private
+    tails and draft with fewer beams; output stays correct ("exact" mode is lossless)."""
+    from vllm_mtad.proposer import drafter_stats
+
+    target_dir, draft_dir = tiny_pair_dirs
+    prompt = list(range(30, 130))  # 100 tokens; 150 more reach max_model_len = 256
+    llm = make_llm(target_dir, mtad_spec(draft_dir, 4, 4, greedy_acceptance="exact"),
+                   max_model_len=256)
+    got = generate_ids(llm, [prompt], greedy_params(150))[0]
+    stats = llm.collective_rpc(drafter_stats)[0]
+    close(llm)
+    assert got == ref.greedy_decode(tiny_pair[0], prompt, 150)
+    assert 0 < stats["narrowed_rows"] < stats["rows"]
+    assert stats["copied_blocks"] > 0

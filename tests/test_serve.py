@@ -67,7 +67,7 @@ def server(tiny_pair_dirs, tmp_path_factory):
             time.sleep(1)
         else:
             raise RuntimeError(f"server not ready in 240 s: {log.read_text()[-3000:]}")
-        yield base, str(target_dir)
+        yield base, str(target_dir), log
     finally:
         proc.terminate()
         try:
@@ -86,7 +86,7 @@ PROMPT_IDS = list(range(10, 50))
 
 
 def test_completion_greedy_matches_reference_and_streams(server, tiny_pair):
-    base, model = server
+    base, model, _ = server
     client = _client(base)
     resp = client.completions.create(model=model, prompt=PROMPT_IDS, max_tokens=32,
                                      temperature=0.0, extra_body={"ignore_eos": True,
@@ -102,7 +102,7 @@ def test_completion_greedy_matches_reference_and_streams(server, tiny_pair):
 
 
 def test_chat_streaming_and_not(server):
-    base, model = server
+    base, model, _ = server
     client = _client(base)
     messages = [{"role": "user", "content": "Split the string at the separator"}]
     resp = client.chat.completions.create(model=model, messages=messages, max_tokens=24,
@@ -120,7 +120,7 @@ def test_chat_streaming_and_not(server):
 def test_per_request_threshold_and_bad_requests_while_others_carry_on(server):
     import requests
 
-    base, model = server
+    base, model, _ = server
     url = f"{base}/v1/completions"
     good_results = []
 
@@ -158,7 +158,7 @@ def test_per_request_threshold_and_bad_requests_while_others_carry_on(server):
 def test_metrics_endpoint_reports_spec_decode(server):
     import requests
 
-    base, model = server
+    base, model, _ = server
     requests.post(f"{base}/v1/completions", json={"model": model, "prompt": PROMPT_IDS,
                                                   "max_tokens": 16, "temperature": 0.0,
                                                   "ignore_eos": True}, timeout=120)
@@ -174,6 +174,17 @@ def test_metrics_endpoint_reports_spec_decode(server):
     accepted = values["vllm:spec_decode_num_accepted_tokens_total"]
     assert 0 <= accepted <= GAMMA * drafts
     assert values["vllm:spec_decode_num_accepted_tokens_per_pos_total"] == accepted
+
+
+def test_periodic_log_line_reports_spec_decode(server):
+    """vLLM's own periodic stats line (every 10 s) carries MTAD's acceptance figures."""
+    _, _, log = server
+    deadline = time.time() + 30
+    while time.time() < deadline and "SpecDecoding metrics: Mean acceptance length" not in log.read_text():
+        time.sleep(1)
+    line = next(x for x in log.read_text().splitlines() if "SpecDecoding metrics:" in x)
+    mean = float(line.split("Mean acceptance length: ")[1].split(",")[0])
+    assert 1.0 <= mean <= GAMMA + 1
 
 
 def test_bad_mtad_config_stops_server_startup(tiny_pair_dirs):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 
 import torch
 from vllm.config import CUDAGraphMode
@@ -53,8 +54,10 @@ class MTADProposer(DraftModelProposer):
         self._capture = False
         self._first_pass = None  # (token_indices_to_sample, common_attn_metadata)
         self._first_hidden = None  # [B, hidden] at the first draft position
-        # Counters for benchmarks and tests (host-side, cheap).
-        self.stats = {"rounds": 0, "rows": 0, "narrowed_rows": 0}
+        # Counters for benchmarks and tests (host-side and cheap; the timings are wall-clock
+        # without device synchronisation, exact on CPU). Read with drafter_stats().
+        self.stats = {"rounds": 0, "rows": 0, "narrowed_rows": 0, "beam_steps": 0,
+                      "copied_blocks": 0, "first_pass_s": 0.0, "beam_steps_s": 0.0}
 
     # The first pass is vLLM's; these two hooks capture what it computed.
     def set_inputs_first_pass(self, **kwargs):
@@ -73,6 +76,7 @@ class MTADProposer(DraftModelProposer):
         gamma = num_speculative_tokens
         if gamma == 0:
             return super().propose(num_speculative_tokens=0, **kwargs)
+        started = time.perf_counter()
         self._capture = True
         try:  # vLLM's first pass only: one draft position.
             super().propose(num_speculative_tokens=1, **kwargs)
@@ -107,18 +111,23 @@ class MTADProposer(DraftModelProposer):
         logits = self.model.compute_logits(self._first_hidden)  # [B, V]
         lp = processed_logprobs(logits, temp, top_k, top_p)
         state = beam_step(lp[:, None], None, W, greedy, seeds, first_draft_pos, 1, row_width)
+        beams_started = time.perf_counter()
+        self.stats["first_pass_s"] += beams_started - started
 
         # Steps 2..γ: B·W rows of one draft forward per step.
         rep = lambda t: None if t is None else t.repeat_interleave(W)  # noqa: E731
         for t in range(2, gamma + 1):
             kv = layout.step(state.parents, t)
             self._copy_blocks(kv.copy_src, kv.copy_dst)
+            self.stats["copied_blocks"] += int(kv.copy_src.numel())
             logits = self._beam_forward(state.last_tokens().reshape(-1), kv)  # [B*W, V]
             lp = processed_logprobs(logits, rep(temp), rep(top_k), rep(top_p)).view(B, W, -1)
             state = beam_step(lp, state, W, greedy, seeds, first_draft_pos, t, row_width)
 
         tokens, draft_logprobs = best_beam(state)
         self.last_draft = LastDraft(list(req_ids), tokens, draft_logprobs)
+        self.stats["beam_steps_s"] += time.perf_counter() - beams_started
+        self.stats["beam_steps"] += gamma - 1
         self.stats["rounds"] += 1
         self.stats["rows"] += B
         if row_width is not None:
@@ -152,6 +161,12 @@ class MTADProposer(DraftModelProposer):
             hidden = self.model(input_ids=input_ids.to(torch.int32), positions=kv.positions,
                                 inputs_embeds=None)
         return self.model.compute_logits(hidden)
+
+
+def drafter_stats(worker) -> dict:
+    """For ``LLM.collective_rpc(drafter_stats)``: the MTAD drafter's counters on a worker."""
+    drafter = getattr(worker.model_runner, "drafter", None)
+    return dict(drafter.stats) if isinstance(drafter, MTADProposer) else {}
 
 
 def _row_sampling_params(sampling_metadata, B: int, device):
