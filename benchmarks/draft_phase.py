@@ -1,0 +1,157 @@
+"""Micro-benchmark of MTAD's draft phase: time per draft step against beam width W, batch size
+and context length, next to what copying each beam's prefix would cost instead.
+
+MTAD's beams share the request's prefix by block-table reference and copy at most the one
+partially filled block per beam per step, so a beam step's cost should not grow with context
+length beyond attention itself; copying the prefix per beam would grow linearly with it. Each
+configuration runs the real vLLM engine with MTAD (γ = 4, T = 1, top-k 10, top-p 0.9) and reads
+the drafter's own timers (time per beam step, steps 2..γ, each a forward of B·W rows) and its
+count of copied blocks. The "prefix copy" column measures, on the same machine, copying
+(W−1) × ⌈context / block size⌉ blocks of the draft model's KV per draft round, i.e. what a
+fork-by-copy design would add.
+
+    python -m benchmarks.draft_phase              # random medium model pair built locally
+    python -m benchmarks.draft_phase --quick      # a smaller grid (used by a test)
+    python -m benchmarks.draft_phase --target DIR --draft DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import time
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+from benchmarks.common import environment, markdown_table, write_outputs  # noqa: E402
+
+GAMMA = 4
+
+
+def medium_pair():
+    from vllm_mtad import envs
+    from vllm_mtad.tiny_models import TinyPairSpec, build_tiny_pair
+
+    spec = TinyPairSpec(hidden_size=512, intermediate_size=1408, target_layers=8,
+                        draft_layers=4, num_heads=8, num_kv_heads=4, init_std=0.05)
+    return build_tiny_pair(envs.cache_dir() / "bench", spec)
+
+
+def prefix_copy_seconds(blocks: int, draft_layers: int, block_bytes: int, repeats: int = 5):
+    """Measured time to copy `blocks` KV blocks in each draft layer (gather + scatter)."""
+    import torch
+
+    if blocks == 0:
+        return 0.0
+    per_block = block_bytes // 4
+    cache = torch.zeros(blocks * 2 + 1, per_block, dtype=torch.float32)
+    src = torch.arange(blocks)
+    dst = torch.arange(blocks, 2 * blocks)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(draft_layers):
+            cache.index_copy_(0, dst, cache.index_select(0, src))
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def run_config(target, draft, width, batch, context, new_tokens, block_size):
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from vllm_mtad.proposer import drafter_stats
+
+    spec = {"method": "mtad", "model": str(draft), "num_speculative_tokens": GAMMA,
+            "beam_width": width, "acceptance_threshold": 0.5}
+    llm = LLM(model=str(target), speculative_config=spec, dtype="float32",
+              max_model_len=context + new_tokens + 64, max_num_seqs=batch,
+              max_num_batched_tokens=max(4096, batch * width), enforce_eager=True,
+              block_size=block_size, kv_cache_memory_bytes=2 << 30, seed=0)
+    prompts = [TokensPrompt(prompt_token_ids=[(7 * i + 13 * j) % 300 + 2
+                                              for j in range(context)]) for i in range(batch)]
+    params = [SamplingParams(max_tokens=new_tokens, temperature=1.0, top_k=10, top_p=0.9,
+                             seed=i, ignore_eos=True) for i in range(batch)]
+    llm.generate(prompts, params, use_tqdm=False)
+    stats = llm.collective_rpc(drafter_stats)[0]
+    cfg = llm.llm_engine.vllm_config
+    draft_cfg = cfg.speculative_config.draft_model_config.hf_config
+    del llm
+    gc.collect()
+    kv_heads = draft_cfg.num_key_value_heads
+    head_dim = draft_cfg.hidden_size // draft_cfg.num_attention_heads
+    block_bytes = 2 * kv_heads * head_dim * block_size * 4  # K and V, float32
+    rounds = stats["rounds"]
+    prefix_blocks = (width - 1) * -(-context // block_size)
+    return {
+        "beam_width": width, "batch": batch, "context": context,
+        "beam_step_ms": 1e3 * stats["beam_steps_s"] / max(stats["beam_steps"], 1),
+        "first_pass_ms": 1e3 * stats["first_pass_s"] / max(rounds, 1),
+        "copied_blocks_per_round": stats["copied_blocks"] / max(rounds, 1),
+        "prefix_copy_ms_per_round": 1e3 * batch * prefix_copy_seconds(
+            prefix_blocks, draft_cfg.num_hidden_layers, block_bytes),
+        "rounds": rounds, "narrowed_rows": stats["narrowed_rows"],
+    }
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, batch in zip(axes, sorted({r["batch"] for r in rows})):
+        for context in sorted({r["context"] for r in rows}):
+            sel = [r for r in rows if r["batch"] == batch and r["context"] == context]
+            ax.plot([r["beam_width"] for r in sel], [r["beam_step_ms"] for r in sel], "o-",
+                    label=f"beam step, context {context}")
+            ax.plot([r["beam_width"] for r in sel], [r["prefix_copy_ms_per_round"] / (GAMMA - 1)
+                                                     for r in sel], "x--",
+                    label=f"prefix copy per step, context {context}")
+        ax.set_xlabel("beam width W")
+        ax.set_ylabel("ms")
+        ax.set_title(f"batch {batch}")
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=7)
+    fig.suptitle("MTAD draft phase: time per beam step (B·W rows) vs copying prefixes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target")
+    parser.add_argument("--draft")
+    parser.add_argument("--quick", action="store_true", help="W in {1, 4}, batch 1, short only")
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
+    args = parser.parse_args(argv)
+
+    from tqdm import tqdm
+
+    target, draft = (args.target, args.draft) if args.target else medium_pair()
+    widths, batches, contexts = ([1, 4], [1], [64]) if args.quick else \
+        ([1, 2, 4, 8], [1, 16], [64, 1536])
+    grid = [(w, b, c) for b in batches for c in contexts for w in widths]
+    rows = []
+    for w, b, c in tqdm(grid, desc="draft-phase configurations"):
+        rows.append(run_config(target, draft, w, b, c, args.new_tokens, args.block_size))
+    columns = [("batch", "batch"), ("context", "context"), ("beam_width", "W"),
+               ("beam_step_ms", "ms per beam step"), ("first_pass_ms", "ms first pass"),
+               ("copied_blocks_per_round", "blocks copied / round"),
+               ("prefix_copy_ms_per_round", "prefix copy ms / round (measured)")]
+    table = markdown_table(rows, columns)
+    payload = {"benchmark": "draft_phase", "gamma": GAMMA, "target": str(target),
+               "draft": str(draft), "environment": environment(), "rows": rows}
+    out = write_outputs("draft_phase", payload, table, args.out)
+    plot(rows, out / "draft_phase.png")
+    print(table)
+    print(f"\nwrote {out}/draft_phase.json, .md, .png")
+
+
+if __name__ == "__main__":
+    main()
