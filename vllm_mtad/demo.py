@@ -16,32 +16,16 @@ import gc
 import os
 import time
 
+from vllm_mtad.models import add_model_args, resolve_pair
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
     "Explain what a hash map is in two sentences.",
     "Write a Python function that checks whether a string is a palindrome.",
 ]
-
-
-def resolve_pair(args) -> tuple[str, str, bool]:
-    """(target_dir, draft_dir, is_tiny) from the command line."""
-    if args.target or args.draft:
-        if not (args.target and args.draft):
-            raise SystemExit("--target and --draft go together")
-        return args.target, args.draft, False
-    if args.tiny:
-        from vllm_mtad import envs
-        from vllm_mtad.tiny_models import build_tiny_pair
-
-        print(f"Building (or reusing) a tiny random Llama pair under {envs.cache_dir()}/tiny")
-        t, d = build_tiny_pair(envs.cache_dir() / "tiny")
-        return str(t), str(d), True
-    from vllm_mtad.models import ensure_qwen_pair
-
-    t, d = ensure_qwen_pair()
-    return str(t), str(d), False
 
 
 def methods(draft: str, gamma: int, width: int, tau: float):
@@ -89,9 +73,7 @@ def run_method(target, spec, prompts_text, max_tokens, tiny, kv_bytes):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tiny", action="store_true", help="tiny random pair, no download")
-    parser.add_argument("--target")
-    parser.add_argument("--draft")
+    add_model_args(parser)
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--beam-width", type=int, default=4)

@@ -189,6 +189,35 @@ def ensure_qwen_pair(root: Path | None = None) -> tuple[Path, Path]:
     return ensure_model(TARGET, root), ensure_model(DRAFT, root)
 
 
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tiny", action="store_true",
+                        help="a tiny random pair built locally (no download; quick)")
+    parser.add_argument("--target", help="a local Hugging Face model directory (with --draft)")
+    parser.add_argument("--draft", help="a local draft model directory sharing the tokenizer")
+
+
+def resolve_pair(args) -> tuple[str, str, bool]:
+    """(target_dir, draft_dir, is_tiny) from add_model_args' options; fetches the real pair
+    on first use when neither --tiny nor --target/--draft is given."""
+    if args.target or args.draft:
+        if not (args.target and args.draft):
+            raise SystemExit("error: --target and --draft go together")
+        for path in (args.target, args.draft):
+            if not Path(path).is_dir():
+                raise SystemExit(f"error: {path} is not a local model directory")
+        return args.target, args.draft, False
+    if args.tiny:
+        from vllm_mtad.tiny_models import build_tiny_pair
+
+        target, draft = build_tiny_pair(envs.cache_dir() / "tiny")
+        return str(target), str(draft), True
+    try:
+        target, draft = ensure_qwen_pair()
+    except FetchError as err:
+        raise SystemExit(f"error: {err}") from err
+    return str(target), str(draft), False
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

