@@ -186,7 +186,10 @@ def test_mixed_batch_each_request_keeps_its_constraints(tiny_pair_dirs, tiny_pai
         (PROMPTS[2], SamplingParams(max_tokens=30, temperature=1.0, top_k=10, seed=2,
                                     ignore_eos=True, extra_args={"acceptance_threshold": 0.2})),
         (PROMPTS[3], SamplingParams(max_tokens=30, temperature=0.0, repetition_penalty=1.6,
-                                    presence_penalty=0.5, ignore_eos=True,
+                                    presence_penalty=0.5, min_tokens=10,
+                                    bad_words=[w for w in (tok.decode([t])
+                                                           for t in greedy_full[3:9])
+                                               if w.strip()][:3],
                                     extra_args={"greedy_acceptance": "exact"})),
         (PROMPTS[1], SamplingParams(max_tokens=30, temperature=0.0, stop=[stop_text],
                                     ignore_eos=True)),
@@ -217,7 +220,8 @@ def test_mixed_batch_each_request_keeps_its_constraints(tiny_pair_dirs, tiny_pai
     lg = _target_logits(target, PROMPTS[2], o.token_ids)
     ranks = (lg > lg.gather(1, torch.tensor(o.token_ids)[:, None])).sum(1)
     assert (ranks < 10).all(), ranks.tolist()
-    # Penalties reach the verification: "exact" greedy equals vLLM's own penalised greedy.
+    # Penalties, bad words and min_tokens reach the verification: "exact" greedy equals vLLM's
+    # own greedy decoding under the same parameters.
     assert list(outs[3].outputs[0].token_ids) == penalised
     # Stop string: generation ends before it, with the text of the unstopped run up to there.
     o = outs[4].outputs[0]
@@ -379,3 +383,17 @@ def test_rows_without_room_fall_back_to_fewer_beams(tiny_pair_dirs, tiny_pair):
     assert got == ref.greedy_decode(tiny_pair[0], prompt, 150)
     assert 0 < stats["narrowed_rows"] < stats["rows"]
     assert stats["copied_blocks"] > 0
+
+
+def test_unsupported_vllm_version_stops_startup(tiny_pair_dirs):
+    import os
+    import subprocess
+    import sys
+
+    code = ("import vllm; vllm.__version__ = '0.31.4'\n"
+            "from tests.engine_utils import make_llm\n"
+            f"make_llm({str(tiny_pair_dirs[0])!r})\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert proc.returncode != 0
+    assert "supports vLLM 0.32.x" in proc.stderr and "found vLLM 0.31.4" in proc.stderr

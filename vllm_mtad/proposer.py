@@ -6,7 +6,7 @@ W beams of every request then run as B·W rows of one draft forward per step, th
 by :class:`vllm_mtad.beam_kv.BeamKVLayout` (prefix shared by block-table reference, copy-on-write
 of the partially filled tail block, in the draft layers only). The beam arithmetic is
 vllm_mtad.core's. The chosen beam's tokens go back to the runner; their draft log-probabilities
-are kept here, keyed by request id, for :class:`vllm_mtad.sampler.MTADRejectionSampler`.
+are kept here per request (:class:`DraftStore`) for :class:`vllm_mtad.sampler.MTADRejectionSampler`.
 """
 
 from __future__ import annotations
@@ -36,13 +36,34 @@ def request_seed(sampling_params, req_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(req_id.encode(), digest_size=8).digest(), "little") >> 1
 
 
-class LastDraft:
-    """The previous round's drafts: row order, tokens and draft log-probs."""
+class DraftStore:
+    """Each request's latest draft: its tokens and their draft log-probabilities.
 
-    def __init__(self, req_ids: list[str], tokens: torch.Tensor, logprobs: torch.Tensor):
-        self.row = {r: i for i, r in enumerate(req_ids)}
-        self.tokens = tokens  # [B, γ] int64
-        self.logprobs = logprobs  # [B, γ] float32
+    Kept per request (not per round): a running request that the scheduler skips for a step
+    is verified a step later against drafts from an earlier round.
+    """
+
+    def __init__(self):
+        self._drafts: dict[str, tuple[list[int], list[float]]] = {}
+
+    def put(self, req_ids: list[str], tokens: torch.Tensor, logprobs: torch.Tensor,
+            active: set[str]) -> None:
+        for req_id, toks, lps in zip(req_ids, tokens.tolist(), logprobs.tolist()):
+            self._drafts[req_id] = (toks, lps)
+        for req_id in [r for r in self._drafts if r not in active]:  # finished requests
+            del self._drafts[req_id]
+
+    def logprobs_for(self, req_id: str, scheduled: list[int]) -> list[float] | None:
+        """Draft log-probs of the scheduled draft tokens, or None if they are not this
+        drafter's (a -1 marks a position the scheduler invalidated; it ends the chain)."""
+        entry = self._drafts.get(req_id)
+        if entry is None:
+            return None
+        toks, lps = entry
+        n = len(scheduled)
+        if n > len(toks) or any(s != t for s, t in zip(scheduled, toks) if s >= 0):
+            return None
+        return lps[:n]
 
 
 class MTADProposer(DraftModelProposer):
@@ -50,7 +71,7 @@ class MTADProposer(DraftModelProposer):
         super().__init__(vllm_config=vllm_config, device=device, runner=runner)
         self.runner = runner  # the base class takes but does not keep it
         self.mtad = from_additional_config(vllm_config.additional_config)
-        self.last_draft: LastDraft | None = None
+        self.drafts = DraftStore()
         self._capture = False
         self._first_pass = None  # (token_indices_to_sample, common_attn_metadata)
         self._first_hidden = None  # [B, hidden] at the first draft position
@@ -125,7 +146,7 @@ class MTADProposer(DraftModelProposer):
             state = beam_step(lp, state, W, greedy, seeds, first_draft_pos, t, row_width)
 
         tokens, draft_logprobs = best_beam(state)
-        self.last_draft = LastDraft(list(req_ids), tokens, draft_logprobs)
+        self.drafts.put(list(req_ids), tokens, draft_logprobs, set(requests))
         self.stats["beam_steps_s"] += time.perf_counter() - beams_started
         self.stats["beam_steps"] += gamma - 1
         self.stats["rounds"] += 1

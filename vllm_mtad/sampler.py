@@ -29,6 +29,14 @@ from vllm_mtad.proposer import request_seed
 logger = logging.getLogger(__name__)
 
 
+def num_valid_prefix(drafts: list[int]) -> int:
+    """Length of the row's draft positions up to its padding (-1 past its own count)."""
+    n = len(drafts)
+    while n and drafts[n - 1] == -1:
+        n -= 1
+    return n
+
+
 class MTADRejectionSampler(RejectionSampler):
     def __init__(self, sampler, spec_config, device, runner, mtad: MTADConfig):
         super().__init__(sampler, spec_config, device)
@@ -124,11 +132,12 @@ class MTADRejectionSampler(RejectionSampler):
 
     def _request_inputs(self, req_ids, requests, drafts, B, gamma, dev):
         """Per request: draft log-probs [B, γ], τ [B], exact-greedy flag [B], seeds [B]."""
-        last = self.runner.drafter.last_draft
-        draft_lp = torch.zeros(B, gamma, device=dev)
+        store = self.runner.drafter.drafts
+        draft_lp = torch.zeros(B, gamma, dtype=torch.float32)
         tau = torch.empty(B, dtype=torch.float32)
         exact = torch.zeros(B, dtype=torch.bool)
         seeds = torch.empty(B, dtype=torch.int64)
+        scheduled = drafts.tolist()
         for b, req_id in enumerate(req_ids):
             params = requests[req_id].sampling_params
             try:
@@ -137,14 +146,16 @@ class MTADRejectionSampler(RejectionSampler):
                 tau[b], mode = self.mtad.acceptance_threshold, self.mtad.greedy_acceptance
             exact[b] = mode == "exact"
             seeds[b] = request_seed(params, req_id)
-            row = None if last is None else last.row.get(req_id)
-            if row is not None:
-                n = min(gamma, last.logprobs.shape[1])
-                draft_lp[b, :n] = last.logprobs[row, :n]
-            elif bool((drafts[b] >= 0).any()) and not self._warned_missing_draft:
-                # Drafts without their probabilities (not from this drafter's last round):
-                # treated as q = 1, i.e. accepted while the target's joint probability >= τ.
-                logger.warning("vllm-mtad: request %s has drafts without draft probabilities",
-                               req_id)
-                self._warned_missing_draft = True
-        return draft_lp, tau.to(dev), exact.to(dev), seeds.to(dev)
+            row = scheduled[b][: num_valid_prefix(scheduled[b])]
+            lps = store.logprobs_for(req_id, row) if row else []
+            if lps is None:
+                # Drafts without their probabilities (not from this drafter): treated as
+                # q = 1, i.e. accepted while the target's joint probability passes τ.
+                if not self._warned_missing_draft:
+                    logger.warning("vllm-mtad: request %s has drafts without draft "
+                                   "probabilities; accepting them on the target's alone",
+                                   req_id)
+                    self._warned_missing_draft = True
+            else:
+                draft_lp[b, : len(lps)] = torch.tensor(lps)
+        return draft_lp.to(dev), tau.to(dev), exact.to(dev), seeds.to(dev)

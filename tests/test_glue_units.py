@@ -1,0 +1,70 @@
+"""Small pieces of the vLLM glue that can be checked without an engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.patches
+
+
+def test_draft_store_matches_scheduled_drafts_and_prunes():
+    from vllm_mtad.proposer import DraftStore
+
+    store = DraftStore()
+    store.put(["a", "b"], torch.tensor([[1, 2, 3], [4, 5, 6]]),
+              torch.tensor([[-0.1, -0.2, -0.3], [-1.0, -2.0, -3.0]]), active={"a", "b"})
+    assert store.logprobs_for("a", [1, 2, 3]) == pytest.approx([-0.1, -0.2, -0.3])
+    assert store.logprobs_for("a", [1, 2]) == pytest.approx([-0.1, -0.2])  # fewer scheduled
+    assert store.logprobs_for("b", [4, -1, 6]) == pytest.approx([-1.0, -2.0, -3.0])
+    assert store.logprobs_for("a", [1, 9, 3]) is None  # not this drafter's tokens
+    assert store.logprobs_for("c", [1]) is None
+    # A later round without "a" (skipped this step) keeps "a"; a finished request is dropped.
+    store.put(["b"], torch.tensor([[7, 8, 9]]), torch.zeros(1, 3), active={"a", "b"})
+    assert store.logprobs_for("a", [1, 2, 3]) is not None
+    assert store.logprobs_for("b", [7, 8, 9]) == [0.0, 0.0, 0.0]
+    store.put(["b"], torch.tensor([[7, 8, 9]]), torch.zeros(1, 3), active={"b"})
+    assert store.logprobs_for("a", [1, 2, 3]) is None
+
+
+def test_num_valid_prefix():
+    from vllm_mtad.sampler import num_valid_prefix
+
+    assert num_valid_prefix([3, 4, -1, -1]) == 2
+    assert num_valid_prefix([3, -1, 5, -1]) == 3
+    assert num_valid_prefix([-1, -1]) == 0
+
+
+def test_request_seed_is_stable_and_uses_the_seed():
+    from types import SimpleNamespace
+
+    from vllm_mtad.proposer import request_seed
+
+    assert request_seed(SimpleNamespace(seed=42), "x") == 42
+    a = request_seed(SimpleNamespace(seed=None), "req-1")
+    assert a == request_seed(SimpleNamespace(seed=None), "req-1") >= 0
+    assert a != request_seed(SimpleNamespace(seed=None), "req-2")
+
+
+def test_translate_speculative_config():
+    from vllm_mtad.config import translate_speculative_config
+
+    spec, extra = translate_speculative_config(
+        {"method": "mtad", "model": "d", "num-speculative-tokens": 3, "beam_width": 2},
+        {"other": 1})
+    assert spec == {"method": "draft_model", "model": "d", "num_speculative_tokens": 3}
+    assert extra == {"other": 1, "mtad": {"num_speculative_tokens": 3, "beam_width": 2,
+                                          "acceptance_threshold": 0.5,
+                                          "greedy_acceptance": "joint"}}
+    with pytest.raises(ValueError, match="'model' is required"):
+        translate_speculative_config({"method": "mtad", "num_speculative_tokens": 3}, None)
+    with pytest.raises(ValueError, match="'num_speculative_tokens' is required"):
+        translate_speculative_config({"method": "mtad", "model": "d"}, None)
+
+
+def test_check_batch_limits_message():
+    from vllm_mtad.patches.engine.patch_config_vllm import check_batch_limits
+
+    check_batch_limits(4, 16, 64)
+    with pytest.raises(ValueError, match=r"'beam_width'=8 .* beam_width <= 4"):
+        check_batch_limits(8, 16, 64)
