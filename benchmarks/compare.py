@@ -170,6 +170,12 @@ class Bench:
             run = Run(name, method, temperature, batch, tau, width)
             self.measure(llm, run, indices, extra)
             progress.update(1)
+        if spec and spec.get("method") == "mtad":
+            from vllm_mtad.proposer import drafter_stats
+
+            stats = llm.collective_rpc(drafter_stats)[0]  # engine-wide, all its runs
+            for run in self.runs[-len(plan):]:
+                run.drafter = stats
         del llm
         gc.collect()
 
@@ -271,6 +277,7 @@ def summarise(run: Run) -> dict:
         "ppl_token_weighted": getattr(run, "ppl_token_weighted", float("nan")),
         "humaneval_pass_at_1": sum(he) / len(he) if he else None,
         "humaneval_n": len(he),
+        "drafter_stats_engine": getattr(run, "drafter", None),
     }
 
 
@@ -335,7 +342,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(parser)
-    parser.add_argument("--humaneval", type=int, default=13, help="HumanEval problems (first N)")
+    parser.add_argument("--humaneval", type=int, default=32,
+                        help="HumanEval problems, the first N (default sized for ~1 h here)")
     parser.add_argument("--all", action="store_true", help="all 164 HumanEval problems")
     parser.add_argument("--chat", type=int, default=3, help="chat prompts")
     parser.add_argument("--latency-prompts", type=int, default=4,
