@@ -182,7 +182,9 @@ def test_periodic_log_line_reports_spec_decode(server):
     deadline = time.time() + 30
     while time.time() < deadline and "SpecDecoding metrics: Mean acceptance length" not in log.read_text():
         time.sleep(1)
-    line = next(x for x in log.read_text().splitlines() if "SpecDecoding metrics:" in x)
+    text = log.read_text()
+    assert "vllm-mtad: MTAD enabled with {'num_speculative_tokens': 4, 'beam_width': 4" in text
+    line = next(x for x in text.splitlines() if "SpecDecoding metrics:" in x)
     mean = float(line.split("Mean acceptance length: ")[1].split(",")[0])
     assert 1.0 <= mean <= GAMMA + 1
 

@@ -5,11 +5,12 @@ Originals are kept here, not hung on vLLM's objects.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-logger = logging.getLogger(__name__)
+from vllm_mtad.log import get_logger
+
+logger = get_logger(__name__)
 
 
 @dataclass

@@ -8,11 +8,11 @@ a vLLM bug).
 
 from __future__ import annotations
 
-import logging
 
 from vllm_mtad.version import __version__, check_vllm_version
+from vllm_mtad.log import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 _registered = False
 
 

@@ -12,7 +12,6 @@ are kept here per request (:class:`DraftStore`) for :class:`vllm_mtad.sampler.MT
 from __future__ import annotations
 
 import hashlib
-import logging
 import time
 
 import torch
@@ -24,8 +23,9 @@ from vllm.v1.spec_decode.draft_model import DraftModelProposer
 from vllm_mtad.beam_kv import BeamKVLayout
 from vllm_mtad.config import from_additional_config
 from vllm_mtad.core import beam_step, best_beam, is_greedy, processed_logprobs
+from vllm_mtad.log import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def request_seed(sampling_params, req_id: str) -> int:

@@ -14,7 +14,6 @@ token, padded with -1; vLLM's spec-decode metrics derive from it unchanged.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 
 import torch
@@ -25,8 +24,9 @@ from vllm.v1.sample.rejection_sampler import RejectionSampler
 from vllm_mtad.config import MTADConfig, request_settings
 from vllm_mtad.core import accepted_lengths, extra_tokens, is_greedy
 from vllm_mtad.proposer import request_seed
+from vllm_mtad.log import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def num_valid_prefix(drafts: list[int]) -> int:

@@ -16,12 +16,12 @@ Removal: when vLLM can register a speculative method from a plugin.
 from __future__ import annotations
 
 import functools
-import logging
 
 from vllm_mtad.config import METHOD, translate_speculative_config
 from vllm_mtad.patching import is_patched, patch
+from vllm_mtad.log import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def apply() -> None:
