@@ -49,14 +49,19 @@ class ReferenceOutput:
         return 1 + sum(self.accepted_per_step) / steps if steps else float("nan")
 
 
+def _process(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """[n, V] logits -> the request's processed log-probs (the same parameters on every row)."""
+    n = logits.shape[0]
+    return processed_logprobs(
+        logits, torch.full((n,), sampling.temperature), torch.full((n,), sampling.top_k),
+        torch.full((n,), sampling.top_p), torch.full((n,), sampling.min_p))
+
+
 def _next_logprobs(model, sequences: list[list[int]], sampling: Sampling) -> torch.Tensor:
     """[len(sequences), V]: processed next-token log-probs after each (equal-length) sequence."""
     with torch.no_grad():
         logits = model(torch.tensor(sequences)).logits[:, -1].float()
-    n = len(sequences)
-    return processed_logprobs(
-        logits, torch.full((n,), sampling.temperature), torch.full((n,), sampling.top_k),
-        torch.full((n,), sampling.top_p), torch.full((n,), sampling.min_p))
+    return _process(logits, sampling)
 
 
 def _draw_without_replacement(weights: list[float], n: int, gen: torch.Generator) -> list[int]:
@@ -125,10 +130,7 @@ def generate(target, draft, prompt: list[int], max_new_tokens: int, cfg: MTADCon
         # Target distributions at every draft position and one past the last: [γ+1, V].
         with torch.no_grad():
             logits = target(torch.tensor([context + tokens])).logits[0, len(context) - 1:].float()
-        n = logits.shape[0]
-        target_lp = processed_logprobs(
-            logits, torch.full((n,), sampling.temperature), torch.full((n,), sampling.top_k),
-            torch.full((n,), sampling.top_p), torch.full((n,), sampling.min_p))
+        target_lp = _process(logits, sampling)
 
         accepted = 0
         if exact:

@@ -22,7 +22,7 @@ from vllm.v1.sample import rejection_sampler as vllm_rs
 from vllm.v1.sample.rejection_sampler import RejectionSampler
 
 from vllm_mtad.config import MTADConfig, request_settings
-from vllm_mtad.core import accepted_lengths, extra_tokens, is_greedy
+from vllm_mtad.core import accepted_lengths, assemble_output, extra_tokens, is_greedy
 from vllm_mtad.proposer import request_seed
 from vllm_mtad.log import get_logger
 
@@ -87,11 +87,6 @@ class MTADRejectionSampler(RejectionSampler):
         B = len(num_draft)
         gamma = metadata.max_spec_len
         dev = target_logits.device
-        out = torch.full((B, gamma + 1), vllm_rs.PLACEHOLDER_TOKEN_ID, dtype=torch.int32,
-                         device=dev)
-        if gamma == 0:
-            out[:, 0] = bonus_token_ids[:, 0]
-            return out
 
         req_ids = self.runner.input_batch.req_ids[:B]
         requests = self.runner.requests
@@ -123,12 +118,7 @@ class MTADRejectionSampler(RejectionSampler):
         # k* < number of drafts: a token from p̃ at position k*+1; else vLLM's bonus token.
         extra = extra_tokens(target_lp, k.clamp(max=gamma - 1), greedy, seeds, positions)
         extra = torch.where(k >= counts, bonus_token_ids[:, 0].to(torch.int64), extra)
-
-        cols = torch.arange(gamma + 1, device=dev)[None, :]
-        accepted = cols[:, :gamma] < k[:, None]
-        out[:, :gamma] = torch.where(accepted, drafts.to(torch.int32), out[:, :gamma])
-        out.scatter_(1, k[:, None], extra[:, None].to(torch.int32))
-        return out
+        return assemble_output(drafts, k, extra)
 
     def _request_inputs(self, req_ids, requests, drafts, B, gamma, dev):
         """Per request: draft log-probs [B, γ], τ [B], exact-greedy flag [B], seeds [B]."""

@@ -141,11 +141,24 @@ def mtad_accept(
     exact = greedy & greedy_exact
     k = accepted_lengths(draft_token_ids, draft_logprobs, target_logprobs, threshold, exact)
     extra = extra_tokens(target_logprobs, k, greedy, seeds, positions)
+    return AcceptanceResult(output_token_ids=assemble_output(draft_token_ids, k, extra),
+                            num_accepted=k)
+
+
+def assemble_output(draft_token_ids: torch.Tensor, num_accepted: torch.Tensor,
+                    extra: torch.Tensor) -> torch.Tensor:
+    """vLLM's output format: the k* accepted drafts, then the extra token, padded with -1.
+
+    Args:
+        draft_token_ids: [B, γ] int; num_accepted: [B] int64 (k*); extra: [B] int.
+    Returns:
+        [B, γ+1] int32.
+    """
     B, gamma = draft_token_ids.shape
-    cols = torch.arange(gamma + 1, device=k.device)[None, :]
+    cols = torch.arange(gamma, device=num_accepted.device)[None, :]
     out = torch.full((B, gamma + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32,
                      device=draft_token_ids.device)
-    out[:, :gamma] = torch.where(cols[:, :gamma] < k[:, None], draft_token_ids.to(torch.int32),
+    out[:, :gamma] = torch.where(cols < num_accepted[:, None], draft_token_ids.to(torch.int32),
                                  out[:, :gamma])
-    out.scatter_(1, k[:, None], extra[:, None].to(torch.int32))
-    return AcceptanceResult(output_token_ids=out, num_accepted=k)
+    out.scatter_(1, num_accepted[:, None], extra[:, None].to(torch.int32))
+    return out
