@@ -18,6 +18,7 @@ PATCH_MODULES = (
     "engine.patch_input_processor",
     "worker.patch_cpu_triton_utils",
     "worker.patch_gpu_model_runner",
+    "worker.patch_phase_timers",
 )
 
 

