@@ -22,11 +22,14 @@ SETTINGS = [(1.0, 10, 0.9), (1.0, 0, 1.0), (0.8, 0, 0.8), (1.0, 5, 1.0), (0.0, 0
 NEW_TOKENS = 24
 
 
-def requests():
+def requests(settings=None):
+    """(prompt, params) for SETTINGS[i], i in ``settings`` (default: all), in a fixed order."""
     from vllm import SamplingParams
 
     out = []
     for i, (temp, top_k, top_p) in enumerate(SETTINGS):
+        if settings is not None and i not in settings:
+            continue
         for j, prompt in enumerate(PROMPTS):
             out.append((prompt, SamplingParams(max_tokens=NEW_TOKENS, temperature=temp,
                                                top_k=top_k, top_p=top_p, seed=100 * i + j,
@@ -34,14 +37,22 @@ def requests():
     return out
 
 
-def run(target_dir, draft_dir) -> list[list[int]]:
+def run(target_dir, draft_dir, batches=(None,), stats=None) -> list[list[list[int]]]:
+    """Token ids of each batch; a batch is a collection of SETTINGS indices (None: all).
+    ``stats``, a list, receives the drafter's counters after each batch (where it has them)."""
     from tests.engine_utils import close, generate_ids, make_llm, mtad_spec
 
     llm = make_llm(target_dir, mtad_spec(draft_dir, 4, 4, 0.5), max_num_seqs=32)
-    reqs = requests()
-    ids = generate_ids(llm, [p for p, _ in reqs], [s for _, s in reqs])
+    out = []
+    for settings in batches:
+        reqs = requests(settings)
+        out.append(generate_ids(llm, [p for p, _ in reqs], [s for _, s in reqs]))
+        if stats is not None:
+            from vllm_mtad.proposer import drafter_stats
+
+            stats.append(llm.collective_rpc(drafter_stats)[0])
     close(llm)
-    return ids
+    return out
 
 
 if __name__ == "__main__":
@@ -52,7 +63,7 @@ if __name__ == "__main__":
 
     with tempfile.TemporaryDirectory() as tmp:
         target, draft = build_tiny_pair(Path(tmp))
-        tokens = run(target, draft)
+        tokens = run(target, draft)[0]
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     Path(sys.argv[1]).write_text(json.dumps({"recorded_at_commit": commit,
                                              "settings": SETTINGS, "tokens": tokens}) + "\n")

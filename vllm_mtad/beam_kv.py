@@ -16,7 +16,8 @@ Design (DESIGN.md §2):
   copied from the parent (copy-on-write of the partially filled tail block); columns the
   parent has already filled are shared by reference (full blocks are never written again);
 - a request without room for W private tails drafts with fewer beams (down to one), decided per
-  row on the device without a host sync.
+  row on the device without a host sync; the plan's tensors have fixed sizes (no masked
+  indexing), so planning a step never waits for the device.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from dataclasses import dataclass
 import torch
 
 PADDING_SLOT = -1
+# vLLM's null block (block id 0, never given to a request: vllm/v1/core/block_pool.py), the
+# harmless source and destination of the copy entries that copy nothing.
+NULL_BLOCK = 0
 
 
 def tail_blocks(gamma: int, block_size: int) -> int:
@@ -52,9 +56,13 @@ class BeamStepKV:
     positions: torch.Tensor
     # [B*W] int32: sequence length each beam row attends over (its position + 1).
     seq_lens: torch.Tensor
-    # [N] int64 each: copy block src[i] -> dst[i] in the draft layers before the forward.
+    # [B*W] int64 each: copy block src[i] -> dst[i] in the draft layers before the forward.
+    # Fixed size (no host sync to count them): entries with nothing to copy read NULL_BLOCK
+    # into NULL_BLOCK, which leaves it as it was.
     copy_src: torch.Tensor
     copy_dst: torch.Tensor
+    # [] int64: how many entries are real copies.
+    num_copies: torch.Tensor
 
 
 class BeamKVLayout:
@@ -138,4 +146,6 @@ class BeamKVLayout:
         positions = wpos.repeat_interleave(W)
         return BeamStepKV(block_table=rows.to(torch.int32), slot_mapping=slots,
                           positions=positions, seq_lens=(positions + 1).to(torch.int32),
-                          copy_src=src[need_copy], copy_dst=dst[need_copy])
+                          copy_src=torch.where(need_copy, src, NULL_BLOCK).reshape(-1),
+                          copy_dst=torch.where(need_copy, dst, NULL_BLOCK).reshape(-1),
+                          num_copies=need_copy.sum())

@@ -6,13 +6,20 @@ W beams of every request then run as B·W rows of one draft forward per step, th
 by :class:`vllm_mtad.beam_kv.BeamKVLayout` (prefix shared by block-table reference, copy-on-write
 of the partially filled tail block, in the draft layers only). The beam arithmetic is
 vllm_mtad.core's. The chosen beam's tokens go back to the runner; their draft log-probabilities
-are kept here per request (:class:`DraftStore`) for :class:`vllm_mtad.sampler.MTADRejectionSampler`.
+go to :class:`vllm_mtad.sampler.MTADRejectionSampler` on the device through vLLM's own
+``draft_probs`` channel (``take_last_draft_probs``), with a per-request store for the rare step
+that channel leaves empty.
+
+Vocabulary-wide work per beam step is one k-selection over each beam row's logits
+(:func:`vllm_mtad.core.processing.draft_candidates`); noise and selection then touch only the
+K candidates of each beam. Nothing in the beam loop reads device values on the host.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import dataclass, replace
 
 import torch
 from vllm.config import CUDAGraphMode
@@ -22,8 +29,11 @@ from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
 from vllm_mtad.beam_kv import BeamKVLayout
 from vllm_mtad.config import from_additional_config
-from vllm_mtad.core import beam_step, best_beam, is_greedy, processed_logprobs
+from vllm_mtad.core import beam_step, best_beam, is_greedy
+from vllm_mtad.core.processing import (GREEDY_TEMPERATURE, CandidatePlan, draft_candidates,
+                                       plan_candidates)
 from vllm_mtad.log import get_logger
+from vllm_mtad.timing import phase
 
 logger = get_logger(__name__)
 
@@ -37,33 +47,31 @@ def request_seed(sampling_params, req_id: str) -> int:
 
 
 class DraftStore:
-    """Each request's latest draft: its tokens and their draft log-probabilities.
+    """Each request's latest draft log-probabilities, on the device, for the rare step where
+    vLLM's ``draft_probs`` channel has none for it.
 
-    Kept per request (not per round): a running request that the scheduler skips for a step
-    is verified a step later against drafts from an earlier round.
+    vLLM hands the last round's draft probabilities to the rejection sampler only when every
+    request in the step was in that round; a running request that the scheduler skipped for a
+    step is verified later against drafts from an earlier round. Rows are views into each
+    round's [B, γ] tensor (no copy, no host transfer).
     """
 
     def __init__(self):
-        self._drafts: dict[str, tuple[list[int], list[float]]] = {}
+        self._rows: dict[str, torch.Tensor] = {}  # req_id -> [γ] float32 view
 
-    def put(self, req_ids: list[str], tokens: torch.Tensor, logprobs: torch.Tensor,
-            active: set[str]) -> None:
-        for req_id, toks, lps in zip(req_ids, tokens.tolist(), logprobs.tolist()):
-            self._drafts[req_id] = (toks, lps)
-        for req_id in [r for r in self._drafts if r not in active]:  # finished requests
-            del self._drafts[req_id]
+    def put(self, req_ids: list[str], logprobs: torch.Tensor, active) -> None:
+        for b, req_id in enumerate(req_ids):
+            self._rows[req_id] = logprobs[b]
+        for req_id in [r for r in self._rows if r not in active]:  # finished requests
+            del self._rows[req_id]
 
-    def logprobs_for(self, req_id: str, scheduled: list[int]) -> list[float] | None:
-        """Draft log-probs of the scheduled draft tokens, or None if they are not this
-        drafter's (a -1 marks a position the scheduler invalidated; it ends the chain)."""
-        entry = self._drafts.get(req_id)
-        if entry is None:
+    def rows(self, req_ids: list[str], gamma: int) -> torch.Tensor | None:
+        """[len(req_ids), γ] draft log-probs, or None when some request has none."""
+        rows = [self._rows.get(r) for r in req_ids]
+        if not rows or any(r is None for r in rows):
             return None
-        toks, lps = entry
-        n = len(scheduled)
-        if n > len(toks) or any(s != t for s, t in zip(scheduled, toks) if s >= 0):
-            return None
-        return lps[:n]
+        return torch.stack([torch.nn.functional.pad(r[:gamma], (0, max(0, gamma - r.shape[0])))
+                            for r in rows])
 
 
 class MTADProposer(DraftModelProposer):
@@ -72,13 +80,17 @@ class MTADProposer(DraftModelProposer):
         self.runner = runner  # the base class takes but does not keep it
         self.mtad = from_additional_config(vllm_config.additional_config)
         self.drafts = DraftStore()
+        self._seeds: dict[str, int] = {}
         self._capture = False
         self._first_pass = None  # (token_indices_to_sample, common_attn_metadata)
         self._first_hidden = None  # [B, hidden] at the first draft position
-        # Counters for benchmarks and tests (host-side and cheap; the timings are wall-clock
-        # without device synchronisation, exact on CPU). Read with drafter_stats().
-        self.stats = {"rounds": 0, "rows": 0, "narrowed_rows": 0, "beam_steps": 0,
-                      "copied_blocks": 0, "first_pass_s": 0.0, "beam_steps_s": 0.0}
+        self._last_logprobs = None  # [B, γ, 1] float32, for vLLM's draft_probs channel
+        # Counters for benchmarks and tests. Host counters are plain ints; the device ones are
+        # summed on the device and read only by drafter_stats() (no sync in the beam loop).
+        self.stats = {"rounds": 0, "rows": 0, "beam_steps": 0, "dense_rounds": 0,
+                      "dense_redos": 0, "first_pass_s": 0.0, "beam_steps_s": 0.0}
+        self._device_stats = {"narrowed_rows": torch.zeros((), dtype=torch.int64, device=device),
+                              "copied_blocks": torch.zeros((), dtype=torch.int64, device=device)}
 
     # The first pass is vLLM's; these two hooks capture what it computed.
     def set_inputs_first_pass(self, **kwargs):
@@ -93,8 +105,26 @@ class MTADProposer(DraftModelProposer):
                                device=hidden_states.device), None
         return super()._sample_draft_tokens(hidden_states, sampling_metadata)
 
+    def take_last_draft_probs(self) -> torch.Tensor | None:
+        """vLLM's channel from drafter to rejection sampler: [B, γ, 1] float32, the draft
+        log-probability of each draft token (MTAD needs only the drafted token's, not a
+        distribution over the vocabulary)."""
+        return self._last_logprobs
+
+    def request_seeds(self, req_ids) -> list[int]:
+        """Each request's noise seed, resolved once per request (identical on every TP rank)."""
+        requests = self.runner.requests
+        out = []
+        for r in req_ids:
+            seed = self._seeds.get(r)
+            if seed is None:
+                seed = self._seeds[r] = request_seed(requests[r].sampling_params, r)
+            out.append(seed)
+        return out
+
     def propose(self, num_speculative_tokens: int, **kwargs) -> torch.Tensor:
         gamma = num_speculative_tokens
+        self._last_logprobs = None
         if gamma == 0:
             return super().propose(num_speculative_tokens=0, **kwargs)
         started = time.perf_counter()
@@ -110,50 +140,89 @@ class MTADProposer(DraftModelProposer):
         W = self.mtad.beam_width
         dev = self._first_hidden.device
 
-        p = self.positions[token_indices].to(torch.int64)  # [B] position of the bonus token
-        first_draft_pos = p + 1
-        req_ids = self.runner.input_batch.req_ids[:B]
-        requests = self.runner.requests
-        seeds = torch.tensor([request_seed(requests[r].sampling_params, r) for r in req_ids],
-                             dtype=torch.int64, device=dev)
+        # Host-side, per round: the requests' settings (from vLLM's own host arrays).
+        ib = self.runner.input_batch
+        req_ids = ib.req_ids[:B]
+        greedy_host = (ib.temperature_cpu[:B] < GREEDY_TEMPERATURE).tolist()
+        seeds = torch.tensor(self.request_seeds(req_ids), dtype=torch.int64).to(dev)
         temp, top_k, top_p = _row_sampling_params(sampling_metadata, B, dev)
         greedy = is_greedy(temp)
+        any_sampled = not all(greedy_host)
 
-        layout = None
-        row_width = None
-        if gamma > 1:
-            bt = self.runner.input_batch.block_table[self.kv_cache_gid]
-            num_blocks = torch.from_numpy(bt.num_blocks_per_row[:B].copy()).to(dev)
-            layout = BeamKVLayout(cad.block_table_tensor[:B].clone(), num_blocks, p, gamma, W,
-                                  self.block_size, self.max_model_len)
-            row_width = layout.row_beam_width
-
-        # Step 1: W distinct tokens from the first-pass distribution.
+        p = self.positions[token_indices].to(torch.int64)  # [B] position of the bonus token
         logits = self.model.compute_logits(self._first_hidden)  # [B, V]
-        lp = processed_logprobs(logits, temp, top_k, top_p)
-        state = beam_step(lp[:, None], None, W, greedy, seeds, first_draft_pos, 1, row_width)
+        V = logits.shape[-1]
+        plan = plan_candidates(V, W, greedy_host, ib.top_k_cpu[:B].tolist(),
+                               ib.top_p_cpu[:B].tolist())
+        ctx = _Round(B, W, gamma, V, dev, temp, top_k, top_p, greedy, seeds, p + 1, any_sampled,
+                     cad)
         beams_started = time.perf_counter()
         self.stats["first_pass_s"] += beams_started - started
 
-        # Steps 2..γ: B·W rows of one draft forward per step.
-        rep = lambda t: None if t is None else t.repeat_interleave(W)  # noqa: E731
-        for t in range(2, gamma + 1):
-            kv = layout.step(state.parents, t)
-            self._copy_blocks(kv.copy_src, kv.copy_dst)
-            self.stats["copied_blocks"] += int(kv.copy_src.numel())
-            logits = self._beam_forward(state.last_tokens().reshape(-1), kv)  # [B*W, V]
-            lp = processed_logprobs(logits, rep(temp), rep(top_k), rep(top_p)).view(B, W, -1)
-            state = beam_step(lp, state, W, greedy, seeds, first_draft_pos, t, row_width)
+        tokens, draft_logprobs, overflow = self._draft_round(ctx, logits, plan)
+        if plan.num_candidates is None:
+            self.stats["dense_rounds"] += 1
+        elif bool(overflow.any()):
+            # Ties at some row's k-th value reach past the candidates (a host sync once per
+            # round, on an adversarial input): redo the round with every token. The beams'
+            # KV is rewritten by the redo before anything reads it.
+            self.stats["dense_redos"] += 1
+            tokens, draft_logprobs, _ = self._draft_round(
+                ctx, logits, replace(plan, num_candidates=None))
 
-        tokens, draft_logprobs = best_beam(state)
-        self.drafts.put(list(req_ids), tokens, draft_logprobs, set(requests))
+        self._last_logprobs = draft_logprobs[:, :, None].contiguous()
+        self.drafts.put(list(req_ids), draft_logprobs, self.runner.requests)
+        for r in [r for r in self._seeds if r not in self.runner.requests]:
+            del self._seeds[r]
         self.stats["beam_steps_s"] += time.perf_counter() - beams_started
         self.stats["beam_steps"] += gamma - 1
         self.stats["rounds"] += 1
         self.stats["rows"] += B
-        if row_width is not None:
-            self.stats["narrowed_rows"] += int((row_width < W).sum())
         return tokens
+
+    def _draft_round(self, ctx: "_Round", first_logits: torch.Tensor, plan: CandidatePlan):
+        """Beam drafting from the first pass's logits: γ steps, steps 2..γ as B·W rows of one
+        draft forward each. Returns the chosen beam's tokens [B, γ] int64, their draft
+        log-probs [B, γ] float32 and [B] bool, rows whose candidates overflowed."""
+        B, W, V = ctx.B, ctx.W, ctx.V
+        layout = None
+        row_width = None
+        if ctx.gamma > 1:
+            with phase("beam_kv"):
+                bt = self.runner.input_batch.block_table[self.kv_cache_gid]
+                num_blocks = torch.from_numpy(bt.num_blocks_per_row[:B].copy()).to(ctx.device)
+                layout = BeamKVLayout(ctx.cad.block_table_tensor[:B].clone(), num_blocks,
+                                      ctx.first_pos - 1, ctx.gamma, W, self.block_size,
+                                      self.max_model_len)
+                row_width = layout.row_beam_width
+                self._device_stats["narrowed_rows"] += (row_width < W).sum()
+
+        # Step 1: W distinct tokens from the first-pass distribution.
+        with phase("draft_vocab"):
+            cands = draft_candidates(first_logits, ctx.temp, ctx.top_k, ctx.top_p, plan)
+            overflow = cands.overflow
+            state = beam_step(cands.logprobs[:, None], None, W, ctx.greedy, ctx.seeds,
+                              ctx.first_pos, 1, row_width, _beams(cands.token_ids, B, 1), V,
+                              ctx.any_sampled)
+
+        # Steps 2..γ: B·W rows of one draft forward per step.
+        rep = lambda t: None if t is None else t.repeat_interleave(W)  # noqa: E731
+        for t in range(2, ctx.gamma + 1):
+            with phase("beam_kv"):
+                kv = layout.step(state.parents, t)
+                self._copy_blocks(kv.copy_src, kv.copy_dst)
+                self._device_stats["copied_blocks"] += kv.num_copies
+            logits = self._beam_forward(state.last_tokens().reshape(-1), kv, ctx, t)  # [B*W, V]
+            with phase("draft_vocab"):
+                cands = draft_candidates(logits, rep(ctx.temp), rep(ctx.top_k), rep(ctx.top_p),
+                                         plan)
+                overflow = overflow | cands.overflow.view(B, W).any(dim=1)
+                state = beam_step(cands.logprobs.view(B, W, -1), state, W, ctx.greedy,
+                                  ctx.seeds, ctx.first_pos, t, row_width,
+                                  _beams(cands.token_ids, B, W), V, ctx.any_sampled)
+
+        tokens, draft_logprobs = best_beam(state)
+        return tokens, draft_logprobs, overflow
 
     def _copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy whole blocks src -> dst in every draft layer (gather first: permutation-safe)."""
@@ -164,17 +233,27 @@ class MTADProposer(DraftModelProposer):
             cache = forward_context[name].kv_cache
             cache.index_copy_(0, dst, cache.index_select(0, src))
 
-    def _beam_forward(self, input_ids: torch.Tensor, kv) -> torch.Tensor:
+    def _beam_forward(self, input_ids: torch.Tensor, kv, ctx: "_Round", t: int) -> torch.Tensor:
         num_rows = input_ids.shape[0]
-        qsl = torch.arange(num_rows + 1, dtype=torch.int32, device=input_ids.device)
-        beam_cad = CommonAttentionMetadata(
-            query_start_loc=qsl, query_start_loc_cpu=qsl.cpu(), seq_lens=kv.seq_lens,
-            seq_lens_cpu_upper_bound=kv.seq_lens.cpu(), num_reqs=num_rows,
-            num_actual_tokens=num_rows, max_query_len=1, max_seq_len=int(kv.seq_lens.max()),
-            block_table_tensor=kv.block_table, slot_mapping=kv.slot_mapping, causal=True,
-            positions=kv.positions)
-        _, per_layer_metadata = self.build_per_group_and_layer_attn_metadata(beam_cad,
-                                                                             draft_index=1)
+        with phase("beam_kv"):
+            qsl_cpu = torch.arange(num_rows + 1, dtype=torch.int32)
+            qsl = qsl_cpu.to(input_ids.device, non_blocking=True)
+            # Host-side bounds as vLLM's own draft loop keeps them (+1 per step), no sync.
+            upper = ctx.cad.seq_lens_cpu_upper_bound
+            if upper is not None:
+                seq_lens_cpu = (upper[: ctx.B] + (t - 1)).repeat_interleave(ctx.W)
+                max_seq_len = min(ctx.cad.max_seq_len + t - 1, self.max_model_len)
+            else:  # not provided by this vLLM path: read them (a sync)
+                seq_lens_cpu = kv.seq_lens.cpu()
+                max_seq_len = int(seq_lens_cpu.max())
+            beam_cad = CommonAttentionMetadata(
+                query_start_loc=qsl, query_start_loc_cpu=qsl_cpu, seq_lens=kv.seq_lens,
+                seq_lens_cpu_upper_bound=seq_lens_cpu, num_reqs=num_rows,
+                num_actual_tokens=num_rows, max_query_len=1, max_seq_len=max_seq_len,
+                block_table_tensor=kv.block_table, slot_mapping=kv.slot_mapping, causal=True,
+                positions=kv.positions)
+            _, per_layer_metadata = self.build_per_group_and_layer_attn_metadata(
+                beam_cad, draft_index=1)
         with set_forward_context(per_layer_metadata, self.vllm_config, num_tokens=num_rows,
                                  cudagraph_runtime_mode=CUDAGraphMode.NONE,
                                  slot_mapping={n: kv.slot_mapping
@@ -184,10 +263,35 @@ class MTADProposer(DraftModelProposer):
         return self.model.compute_logits(hidden)
 
 
+@dataclass
+class _Round:
+    """One draft round's per-row inputs (legend: B requests, W beams, V vocabulary)."""
+
+    B: int
+    W: int
+    gamma: int
+    V: int
+    device: torch.device
+    temp: torch.Tensor  # [B] float32, 0 = greedy
+    top_k: torch.Tensor | None  # [B]
+    top_p: torch.Tensor | None  # [B]
+    greedy: torch.Tensor  # [B] bool
+    seeds: torch.Tensor  # [B] int64
+    first_pos: torch.Tensor  # [B] int64, position of the first draft token
+    any_sampled: bool
+    cad: CommonAttentionMetadata  # the first pass's
+
+
+def _beams(token_ids: torch.Tensor | None, B: int, W: int) -> torch.Tensor | None:
+    return None if token_ids is None else token_ids.view(B, W, -1)
+
+
 def drafter_stats(worker) -> dict:
     """For ``LLM.collective_rpc(drafter_stats)``: the MTAD drafter's counters on a worker."""
     drafter = getattr(worker.model_runner, "drafter", None)
-    return dict(drafter.stats) if isinstance(drafter, MTADProposer) else {}
+    if not isinstance(drafter, MTADProposer):
+        return {}
+    return dict(drafter.stats) | {k: int(v) for k, v in drafter._device_stats.items()}
 
 
 def _row_sampling_params(sampling_metadata, B: int, device):

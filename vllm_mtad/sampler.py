@@ -1,12 +1,21 @@
 """MTAD's acceptance rule inside vLLM's rejection sampler.
 
-A subclass of vLLM's classic RejectionSampler that keeps everything but the accept/resample
-rule: the bonus token (vLLM's Sampler), the logits processors on the target (penalties, bad
-words, allowed tokens, min_tokens), temperature/top-k/top-p (vLLM's apply_sampling_constraints),
-and logprobs. The rule itself is vllm_mtad.core's: the longest draft prefix whose joint
-likelihood ratio p̃/q̃ passes τ, then one token from p̃ at the next position (vLLM's bonus token
-when the whole draft is accepted). Greedy rows compare unprocessed (after logits processors,
-before temperature/top-k/top-p) target distributions, or, in "exact" mode, argmaxes.
+A subclass of vLLM's classic RejectionSampler. Its ``forward`` follows vLLM's own
+``RejectionSampler.forward`` (vllm/v1/sample/rejection_sampler.py, vLLM 0.32) step for step —
+the bonus token from vLLM's Sampler, the logits processors on the target (penalties, bad words,
+allowed tokens, min_tokens), temperature/top-k/top-p by vLLM's ``apply_sampling_constraints``,
+logprobs by vLLM's ``_get_logprobs_tensors`` — and swaps one call: vLLM's ``rejection_sample``
+for vllm_mtad.core's :func:`~vllm_mtad.core.acceptance.mtad_accept` (the longest draft prefix
+whose joint likelihood ratio p̃/q̃ passes τ, then one token from p̃ at the next position; vLLM's
+bonus token when the whole draft is accepted). Greedy rows compare unprocessed target
+distributions (after logits processors, before temperature/top-k/top-p), or, in "exact" mode,
+argmaxes.
+
+What it reads of the target, without [B, γ, V] temporaries beyond vLLM's own: the log-prob of
+each draft token (a gather and a log-sum-exp per row, before and after the sampling
+constraints), the argmax per row, and, for the extra token, the K most likely tokens of one row
+per request (all V only when a sampled request has no top-k). The draft log-probabilities come
+on the device through vLLM's ``draft_probs`` channel ([num_draft_tokens, 1] here).
 
 Output: vLLM's format, int32 [num_requests, max_spec_len + 1], accepted drafts then the extra
 token, padded with -1; vLLM's spec-decode metrics derive from it unchanged.
@@ -22,19 +31,11 @@ from vllm.v1.sample import rejection_sampler as vllm_rs
 from vllm.v1.sample.rejection_sampler import RejectionSampler
 
 from vllm_mtad.config import MTADConfig, request_settings
-from vllm_mtad.core import accepted_lengths, assemble_output, extra_tokens, is_greedy
-from vllm_mtad.proposer import request_seed
+from vllm_mtad.core import is_greedy, mtad_accept
+from vllm_mtad.core.processing import GREEDY_TEMPERATURE, Candidates, plan_candidates
 from vllm_mtad.log import get_logger
 
 logger = get_logger(__name__)
-
-
-def num_valid_prefix(drafts: list[int]) -> int:
-    """Length of the row's draft positions up to its padding (-1 past its own count)."""
-    n = len(drafts)
-    while n and drafts[n - 1] == -1:
-        n -= 1
-    return n
 
 
 class MTADRejectionSampler(RejectionSampler):
@@ -42,6 +43,7 @@ class MTADRejectionSampler(RejectionSampler):
         super().__init__(sampler, spec_config, device)
         self.runner = runner
         self.mtad = mtad
+        self._settings: dict[str, tuple[float, bool]] = {}  # req_id -> (τ, exact greedy)
         self._warned_missing_draft = False
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
@@ -61,91 +63,151 @@ class MTADRejectionSampler(RejectionSampler):
                                     else "raw_logits"))
         # [num_requests, 1] int32
         bonus_token_ids = bonus_out.sampled_token_ids
-        # Target logits at the draft positions: [num_draft_tokens, V] float32.
+        # Target logits at the draft positions: [num_draft_tokens, V] float32 (as vLLM).
         raw_target_logits = logits[metadata.target_logits_indices].to(torch.float32)
         target_logits = raw_target_logits
         if not self.is_processed_logprobs_mode:
             target_logits = target_logits.clone()
         target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)
-        unconstrained = target_logits.clone()  # greedy rows: before temperature/top-k/top-p
-        target_logits = vllm_rs.apply_sampling_constraints(
-            target_logits, metadata.cu_num_draft_tokens, sampling_metadata)
 
-        output_token_ids = self._accept(metadata, target_logits, unconstrained, bonus_token_ids,
+        target = _FlatTarget(metadata, target_logits, sampling_metadata, self.runner)
+        output_token_ids = self._accept(metadata, target, bonus_token_ids, draft_probs,
                                         sampling_metadata)
 
         logprobs_tensors = None
         if sampling_metadata.max_num_logprobs is not None:
             logprobs_tensors = self._get_logprobs_tensors(
                 sampling_metadata.max_num_logprobs, metadata, logits,
-                target_logits if self.is_processed_logprobs_mode else raw_target_logits,
+                target.logits if self.is_processed_logprobs_mode else raw_target_logits,
                 bonus_out.logprobs_tensors.logprobs, output_token_ids)
         return SamplerOutput(sampled_token_ids=output_token_ids, logprobs_tensors=logprobs_tensors)
 
-    def _accept(self, metadata, target_logits, unconstrained, bonus_token_ids, sampling_metadata):
-        num_draft = metadata.num_draft_tokens  # list, per request
-        B = len(num_draft)
-        gamma = metadata.max_spec_len
-        dev = target_logits.device
-
-        req_ids = self.runner.input_batch.req_ids[:B]
-        requests = self.runner.requests
+    def _accept(self, metadata, target: "_FlatTarget", bonus_token_ids, draft_probs,
+                sampling_metadata):
+        B, gamma, dev = target.B, target.gamma, target.device
+        ib = self.runner.input_batch
+        req_ids = ib.req_ids[:B]
         temp = (torch.zeros(B, device=dev) if sampling_metadata.temperature is None
                 else sampling_metadata.temperature[:B].to(torch.float32))
         greedy = is_greedy(temp)
+        drafts = target.drafts  # [B, γ], -1 past each request's own count
 
-        # Pad every request to γ draft positions (+1 for the bonus row): [B, γ] indices into
-        # the flat [num_draft_tokens] rows; -1 drafts past a request's own count end its chain.
-        counts = torch.tensor(num_draft, device=dev)
-        starts = metadata.cu_num_draft_tokens.to(torch.int64) - counts
-        j = torch.arange(gamma, device=dev)
-        valid = j[None, :] < counts[:, None]
-        flat = (starts[:, None] + j[None, :]).clamp(min=0, max=max(target_logits.shape[0] - 1, 0))
-        drafts = torch.where(valid, metadata.draft_token_ids[flat].to(torch.int64),
-                             torch.full_like(flat, -1))
+        tau, exact = self._request_settings(req_ids)
+        seeds = self.runner.drafter.request_seeds(req_ids)
+        draft_lp = self._draft_logprobs(draft_probs, target, req_ids)
+        positions = torch.from_numpy(ib.num_computed_tokens_cpu[:B].astype("int64")) + 1
+        to = lambda x, dtype: torch.tensor(x, dtype=dtype).to(dev, non_blocking=True)  # noqa: E731
+        result = mtad_accept(
+            drafts, draft_lp, target, to(tau, torch.float32), greedy, to(exact, torch.bool),
+            to(seeds, torch.int64), positions.to(dev, non_blocking=True),
+            num_drafts=target.counts, bonus_token_ids=bonus_token_ids[:, 0],
+            any_sampled=not sampling_metadata.all_greedy)
+        return result.output_token_ids
 
-        rows_lp = torch.where(greedy[:, None, None], unconstrained[flat].log_softmax(-1),
-                              target_logits[flat].log_softmax(-1))  # [B, γ, V]
-        V = rows_lp.shape[-1]
-        target_lp = torch.cat([rows_lp, rows_lp.new_zeros(B, 1, V)], dim=1)  # bonus row unused
+    def _request_settings(self, req_ids) -> tuple[list[float], list[bool]]:
+        """τ and the exact-greedy flag of each request, resolved once per request."""
+        requests = self.runner.requests
+        tau, exact = [], []
+        for req_id in req_ids:
+            s = self._settings.get(req_id)
+            if s is None:
+                try:
+                    t, mode = request_settings(requests[req_id].sampling_params.extra_args,
+                                               self.mtad)
+                except ValueError:  # refused in the front end; never crash the engine here
+                    t, mode = self.mtad.acceptance_threshold, self.mtad.greedy_acceptance
+                s = self._settings[req_id] = (t, mode == "exact")
+            tau.append(s[0])
+            exact.append(s[1])
+        if len(self._settings) > 4 * max(len(req_ids), 16):  # forget finished requests
+            for r in [r for r in self._settings if r not in requests]:
+                del self._settings[r]
+        return tau, exact
 
-        draft_lp, tau, exact, seeds = self._request_inputs(req_ids, requests, drafts, B, gamma,
-                                                           dev)
-        k = accepted_lengths(drafts, draft_lp, target_lp, tau, greedy & exact)
-        positions = torch.tensor(
-            self.runner.input_batch.num_computed_tokens_cpu[:B], dtype=torch.int64,
-            device=dev) + 1  # position of the first draft token
-        # k* < number of drafts: a token from p̃ at position k*+1; else vLLM's bonus token.
-        extra = extra_tokens(target_lp, k.clamp(max=gamma - 1), greedy, seeds, positions)
-        extra = torch.where(k >= counts, bonus_token_ids[:, 0].to(torch.int64), extra)
-        return assemble_output(drafts, k, extra)
+    def _draft_logprobs(self, draft_probs, target: "_FlatTarget", req_ids) -> torch.Tensor:
+        """[B, γ] float32 draft log-probs of the scheduled draft tokens (0 past each count)."""
+        if draft_probs is not None:  # vLLM's channel: [num_draft_tokens, 1]
+            assert draft_probs.ndim == 2 and draft_probs.shape[1] == 1, (
+                f"MTAD's draft_probs are [num_draft_tokens, 1], got {tuple(draft_probs.shape)}")
+            return torch.where(target.valid, draft_probs[target.flat, 0],
+                               torch.zeros((), device=target.device))
+        rows = self.runner.drafter.drafts.rows(list(req_ids), target.gamma)
+        if rows is not None:
+            return torch.where(target.valid, rows.to(target.device), 0.0)
+        # Drafts without their probabilities (not from this drafter): treated as q = 1, i.e.
+        # accepted while the target's joint probability passes τ.
+        if not self._warned_missing_draft:
+            logger.warning("vllm-mtad: drafts without draft probabilities in this step; "
+                           "accepting them on the target's alone")
+            self._warned_missing_draft = True
+        return torch.zeros(target.B, target.gamma, device=target.device)
 
-    def _request_inputs(self, req_ids, requests, drafts, B, gamma, dev):
-        """Per request: draft log-probs [B, γ], τ [B], exact-greedy flag [B], seeds [B]."""
-        store = self.runner.drafter.drafts
-        draft_lp = torch.zeros(B, gamma, dtype=torch.float32)
-        tau = torch.empty(B, dtype=torch.float32)
-        exact = torch.zeros(B, dtype=torch.bool)
-        seeds = torch.empty(B, dtype=torch.int64)
-        scheduled = drafts.tolist()
-        for b, req_id in enumerate(req_ids):
-            params = requests[req_id].sampling_params
-            try:
-                tau[b], mode = request_settings(params.extra_args, self.mtad)
-            except ValueError:  # refused in the front end; never crash the engine here
-                tau[b], mode = self.mtad.acceptance_threshold, self.mtad.greedy_acceptance
-            exact[b] = mode == "exact"
-            seeds[b] = request_seed(params, req_id)
-            row = scheduled[b][: num_valid_prefix(scheduled[b])]
-            lps = store.logprobs_for(req_id, row) if row else []
-            if lps is None:
-                # Drafts without their probabilities (not from this drafter): treated as
-                # q = 1, i.e. accepted while the target's joint probability passes τ.
-                if not self._warned_missing_draft:
-                    logger.warning("vllm-mtad: request %s has drafts without draft "
-                                   "probabilities; accepting them on the target's alone",
-                                   req_id)
-                    self._warned_missing_draft = True
-            else:
-                draft_lp[b, : len(lps)] = torch.tensor(lps)
-        return draft_lp.to(dev), tau.to(dev), exact.to(dev), seeds.to(dev)
+
+class _FlatTarget:
+    """vllm_mtad.core's TargetView over vLLM's flat target logits.
+
+    Legend: N = draft tokens in the step (all requests), B = requests, γ = max_spec_len,
+    V = vocabulary. Reads, per draft token, its log-prob before the sampling constraints
+    (greedy rows compare unprocessed distributions) and after them (sampled rows), and the
+    argmax; both from one gather and one log-sum-exp per row, no [N, V] copy.
+    """
+
+    def __init__(self, metadata, target_logits: torch.Tensor, sampling_metadata, runner):
+        counts = metadata.num_draft_tokens  # list, per request
+        self.B, self.gamma = len(counts), metadata.max_spec_len
+        self.device = dev = target_logits.device
+        N, self.V = target_logits.shape
+        # [B] int64, and [B, γ] indices into the N rows; -1 drafts past a request's own count.
+        self.counts = torch.tensor(counts, dtype=torch.int64).to(dev, non_blocking=True)
+        starts = metadata.cu_num_draft_tokens.to(torch.int64) - self.counts
+        j = torch.arange(self.gamma, device=dev)
+        self.valid = j[None, :] < self.counts[:, None]
+        self.flat = (starts[:, None] + j[None, :]).clamp(min=0, max=max(N - 1, 0))
+        tok = metadata.draft_token_ids.to(torch.int64)  # [N]
+        self.drafts = torch.where(self.valid, tok[self.flat], torch.full_like(self.flat, -1))
+
+        ib = runner.input_batch
+        greedy_host = (ib.temperature_cpu[: self.B] < GREEDY_TEMPERATURE).tolist()
+        # Per draft token: greedy rows before the constraints, sampled rows after them.
+        temp = (torch.zeros(self.B, device=dev) if sampling_metadata.temperature is None
+                else sampling_metadata.temperature[: self.B].to(torch.float32))
+        self.sampled = ~is_greedy(temp)  # [B]
+        greedy_tok = (~self.sampled).repeat_interleave(self.counts, output_size=N)  # [N]
+        lp = torch.zeros(N, device=dev)
+        self.argmax = torch.zeros(N, dtype=torch.int64, device=dev)
+        if not sampling_metadata.all_random:
+            lp = target_logits.gather(1, tok[:, None])[:, 0] - target_logits.logsumexp(dim=-1)
+            self.argmax = target_logits.argmax(dim=-1)
+        # vLLM's temperature/top-k/top-p (in place, as in vLLM's sampler).
+        self.logits = vllm_rs.apply_sampling_constraints(
+            target_logits, metadata.cu_num_draft_tokens, sampling_metadata)
+        if not sampling_metadata.all_greedy:
+            processed = (self.logits.gather(1, tok[:, None])[:, 0]
+                         - self.logits.logsumexp(dim=-1))
+            lp = torch.where(greedy_tok, lp, processed)
+        self.token_logprobs = lp  # [N]
+        self.plan = plan_candidates(self.V, 1, greedy_host, ib.top_k_cpu[: self.B].tolist(),
+                                    ib.top_p_cpu[: self.B].tolist())
+
+    def at_drafts(self, draft_token_ids):
+        return self.token_logprobs[self.flat], self.argmax[self.flat]
+
+    def candidates_at(self, index):
+        rows = self.logits[self.flat.gather(1, index[:, None])[:, 0]]  # [B, V]
+        K = self.plan.num_candidates
+        if K is not None:
+            values, ids = rows.topk(K, dim=-1)
+            # Order ties by ascending id so that a greedy row's argmax is the first maximum,
+            # as over the whole row.
+            ids, perm = ids.sort(dim=-1, stable=True)
+            values = values.gather(1, perm)
+            values, perm = values.sort(dim=-1, descending=True, stable=True)
+            ids = ids.gather(1, perm)
+            # A sampled row with finite logits past its K most likely tokens (ties at its
+            # k-th value) needs them all. One host sync per step, only on top-k batches.
+            overflow = self.sampled & torch.isfinite(values[:, -1])
+            if not bool(overflow.any()):
+                lp = values - rows.logsumexp(dim=-1, keepdim=True)
+                return Candidates(lp, ids, overflow)
+        return Candidates(rows.log_softmax(dim=-1), None,
+                          torch.zeros(self.B, dtype=torch.bool, device=self.device))

@@ -27,10 +27,12 @@ the target's own samples.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from vllm_mtad.core import noise
+from vllm_mtad.core.processing import Candidates
 
 PLACEHOLDER_TOKEN_ID = -1
 
@@ -43,36 +45,71 @@ class AcceptanceResult:
     num_accepted: torch.Tensor
 
 
-def accepted_lengths(
+class TargetView(Protocol):
+    """What the rule reads of the target, without asking for a [B, γ+1, V] tensor: the
+    vLLM sampler answers from its flat logits rows, tests from a dense tensor
+    (:class:`DenseTarget`)."""
+
+    def at_drafts(self, draft_token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """draft_token_ids: [B, γ] int (-1 = invalid; any answer is ignored there).
+        Returns log p̃ of each draft token [B, γ] float32 (unprocessed for greedy rows) and
+        the target's argmax at each draft position [B, γ] int64."""
+
+    def candidates_at(self, index: torch.Tensor) -> Candidates:
+        """index: [B] int64 in 0..γ. The target's processed distribution at that position of
+        each row (k*+1, 1-based), as candidates whose left-out tokens have probability 0."""
+
+
+class DenseTarget:
+    """:class:`TargetView` over target_logprobs: [B, γ+1, V] float, log p̃ at every position
+    (processed for sampled rows, plain log-softmax for greedy rows)."""
+
+    def __init__(self, target_logprobs: torch.Tensor):
+        assert target_logprobs.ndim == 3, f"target_logprobs must be [B, γ+1, V], got {tuple(target_logprobs.shape)}"
+        self.logprobs = target_logprobs
+
+    def at_drafts(self, draft_token_ids):
+        gamma = draft_token_ids.shape[1]
+        rows = self.logprobs[:, :gamma]
+        tok = draft_token_ids.clamp(min=0).to(torch.int64)[:, :, None]
+        return rows.gather(2, tok)[:, :, 0].to(torch.float32), rows.argmax(dim=2)
+
+    def candidates_at(self, index):
+        B, _, V = self.logprobs.shape
+        rows = self.logprobs.gather(1, index[:, None, None].expand(B, 1, V))[:, 0]
+        return Candidates(rows.to(torch.float32), None,
+                          torch.zeros(B, dtype=torch.bool, device=rows.device))
+
+
+def accepted_lengths_from(
     draft_token_ids: torch.Tensor,
     draft_logprobs: torch.Tensor,
-    target_logprobs: torch.Tensor,
+    target_draft_logprobs: torch.Tensor,
+    target_argmax: torch.Tensor,
     threshold: torch.Tensor,
     greedy_exact: torch.Tensor,
 ) -> torch.Tensor:
-    """k* for every row.
+    """k* for every row: the rule itself.
 
     Args:
         draft_token_ids: [B, γ] int, -1 = invalid position (ends the chain).
         draft_logprobs: [B, γ] float, log q̃ of each draft token.
-        target_logprobs: [B, γ+1, V] float, log p̃ at each position (only the first γ are read).
+        target_draft_logprobs: [B, γ] float, log p̃ of each draft token.
+        target_argmax: [B, γ] int, the target's most likely token at each draft position.
         threshold: [B] float, τ in (0, 1].
         greedy_exact: [B] bool, rows accepted by "draft token == target argmax" instead.
     Returns:
         [B] int64.
     """
     B, gamma = draft_token_ids.shape
-    assert draft_logprobs.shape == (B, gamma)
-    assert target_logprobs.ndim == 3 and target_logprobs.shape[:2] == (B, gamma + 1)
+    assert draft_logprobs.shape == target_draft_logprobs.shape == target_argmax.shape == (B, gamma)
     assert threshold.shape == greedy_exact.shape == (B,)
 
     valid = draft_token_ids >= 0
     chain = valid.to(torch.int64).cumprod(dim=1).bool()  # [B, γ]: position inside the chain
-    tok = draft_token_ids.clamp(min=0).to(torch.int64)[:, :, None]
-    target_at_draft = target_logprobs[:, :gamma].gather(2, tok)[:, :, 0].to(torch.float32)
 
     # Joint rule. A non-finite draft log-prob cannot come from a real draft: treat as failing.
-    ratio = target_at_draft - draft_logprobs.to(torch.float32)
+    ratio = target_draft_logprobs.to(torch.float32) - draft_logprobs.to(torch.float32)
     ratio = torch.where(chain & torch.isfinite(draft_logprobs), ratio,
                         torch.full_like(ratio, float("-inf")))
     cum = ratio.cumsum(dim=1)  # [B, γ]: S_1..S_γ; -inf sticks once reached
@@ -81,10 +118,61 @@ def accepted_lengths(
     joint_k = (passes.to(torch.int64) * ks).amax(dim=1)
 
     # Exact greedy rule: accept while draft == target argmax.
-    match = chain & (target_logprobs[:, :gamma].argmax(dim=2) == draft_token_ids)
+    match = chain & (target_argmax == draft_token_ids)
     exact_k = match.to(torch.int64).cumprod(dim=1).sum(dim=1)
 
     return torch.where(greedy_exact, exact_k, joint_k)
+
+
+def accepted_lengths(
+    draft_token_ids: torch.Tensor,
+    draft_logprobs: torch.Tensor,
+    target_logprobs: torch.Tensor,
+    threshold: torch.Tensor,
+    greedy_exact: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`accepted_lengths_from` on a dense target_logprobs [B, γ+1, V] (only the first γ
+    positions are read). Returns [B] int64."""
+    B, gamma = draft_token_ids.shape
+    assert target_logprobs.ndim == 3 and target_logprobs.shape[:2] == (B, gamma + 1)
+    lp, argmax = DenseTarget(target_logprobs).at_drafts(draft_token_ids)
+    return accepted_lengths_from(draft_token_ids, draft_logprobs, lp, argmax, threshold,
+                                 greedy_exact)
+
+
+def extra_tokens_from(
+    candidates: Candidates,
+    greedy: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    any_sampled: bool | None = None,
+) -> torch.Tensor:
+    """One token per row from the given distribution: Gumbel-max sampling keyed by (seed,
+    position) for sampled rows, the argmax (first, i.e. lowest id, among ties) for greedy rows.
+
+    Args:
+        candidates: [B, K] processed log-probs (and ids unless dense, K = V); noise of token v
+            is keyed by column v, so sparse and dense draw the same sample.
+        greedy: [B] bool; seeds: [B] int64.
+        positions: [B] int64, the sequence position of the token drawn (noise key).
+        any_sampled: known on the host, or None (read from ``greedy``: a device sync).
+    Returns:
+        [B] int64.
+    """
+    logprobs = candidates.logprobs.to(torch.float32)
+    B, K = logprobs.shape
+    sampled = ~greedy
+    if any_sampled is None:
+        any_sampled = bool(sampled.any())
+    if any_sampled:
+        keys = noise.row_keys(seeds, positions, 0, noise.STREAM_EXTRA_TOKEN)
+        gumbel = (noise.gumbel(keys, K) if candidates.token_ids is None
+                  else noise.gumbel_at(keys, candidates.token_ids))
+        logprobs = torch.where(sampled[:, None], logprobs + gumbel, logprobs)  # Gumbel-max
+    best = logprobs.argmax(dim=1)
+    if candidates.token_ids is None:
+        return best
+    return candidates.token_ids.gather(1, best[:, None])[:, 0]
 
 
 def extra_tokens(
@@ -105,42 +193,52 @@ def extra_tokens(
     Returns:
         [B] int64.
     """
-    B, _, V = target_logprobs.shape
-    idx = num_accepted[:, None, None].expand(B, 1, V)
-    logprobs = target_logprobs.gather(1, idx)[:, 0].to(torch.float32)  # [B, V]
-    sampled = ~greedy
-    if bool(sampled.any()):
-        keys = noise.row_keys(seeds[sampled], positions[sampled] + num_accepted[sampled], 0,
-                              noise.STREAM_EXTRA_TOKEN)
-        logprobs = logprobs.clone()
-        logprobs[sampled] = logprobs[sampled] + noise.gumbel(keys, V)  # Gumbel-max sampling
-    return logprobs.argmax(dim=1)
+    cands = DenseTarget(target_logprobs).candidates_at(num_accepted)
+    return extra_tokens_from(cands, greedy, seeds, positions + num_accepted)
 
 
 def mtad_accept(
     draft_token_ids: torch.Tensor,
     draft_logprobs: torch.Tensor,
-    target_logprobs: torch.Tensor,
+    target: torch.Tensor | TargetView,
     threshold: torch.Tensor,
     greedy: torch.Tensor,
     greedy_exact: torch.Tensor,
     seeds: torch.Tensor,
     positions: torch.Tensor,
+    num_drafts: torch.Tensor | None = None,
+    bonus_token_ids: torch.Tensor | None = None,
+    any_sampled: bool | None = None,
 ) -> AcceptanceResult:
-    """Apply MTAD's acceptance rule to a batch; see the module docstring for the terms.
+    """Apply MTAD's acceptance rule to a batch; see the module docstring for the terms. This
+    is the one function both the tests' oracles and vLLM's sampler run.
 
     Args:
         draft_token_ids: [B, γ] int, -1 = invalid.
         draft_logprobs: [B, γ] float.
-        target_logprobs: [B, γ+1, V] float; processed for sampled rows, plain log-softmax for
-            greedy rows.
+        target: [B, γ+1, V] float log p̃ (processed for sampled rows, plain log-softmax for
+            greedy rows), or a :class:`TargetView` giving the same answers.
         threshold: [B] float, τ per row.
         greedy: [B] bool; greedy_exact: [B] bool ("exact" mode, read only for greedy rows).
-        seeds, positions: [B] int64, noise keys for the extra token.
+        seeds, positions: [B] int64, noise keys for the extra token (positions: sequence
+            position of the first draft token).
+        num_drafts, bonus_token_ids: [B] int each, or None. With them, a row whose whole draft
+            is accepted (k* >= num_drafts) takes bonus_token_ids (vLLM's bonus token, sampled
+            by vLLM's own sampler) and the target is never asked about position γ+1.
+        any_sampled: known on the host, or None (a device sync).
     """
+    if isinstance(target, torch.Tensor):
+        target = DenseTarget(target)
+    gamma = draft_token_ids.shape[1]
     exact = greedy & greedy_exact
-    k = accepted_lengths(draft_token_ids, draft_logprobs, target_logprobs, threshold, exact)
-    extra = extra_tokens(target_logprobs, k, greedy, seeds, positions)
+    target_lp, target_argmax = target.at_drafts(draft_token_ids)
+    k = accepted_lengths_from(draft_token_ids, draft_logprobs, target_lp, target_argmax,
+                              threshold, exact)
+    at = k if bonus_token_ids is None else k.clamp(max=gamma - 1)
+    extra = extra_tokens_from(target.candidates_at(at), greedy, seeds, positions + at,
+                              any_sampled)
+    if bonus_token_ids is not None:
+        extra = torch.where(k >= num_drafts, bonus_token_ids.to(extra.dtype), extra)
     return AcceptanceResult(output_token_ids=assemble_output(draft_token_ids, k, extra),
                             num_accepted=k)
 

@@ -55,13 +55,19 @@ def beam_step(
     positions: torch.Tensor,
     step: int,
     row_beam_width: torch.Tensor | None = None,
+    token_ids: torch.Tensor | None = None,
+    vocab_size: int | None = None,
+    any_sampled: bool | None = None,
 ) -> BeamState:
     """Extend the beams of every row by one token.
 
     Args:
-        draft_logprobs: [B, W_in, V] float, log q̃(v | context, beam) for each input beam;
-            processed (temperature/top-k/top-p/min-p) for sampled rows, plain log-softmax for
-            greedy rows. W_in = 1 at step 1 (``state is None``), else ``state``'s W.
+        draft_logprobs: [B, W_in, K] float, log q̃(v | context, beam) of each input beam's
+            candidate tokens; processed (temperature/top-k/top-p/min-p) for sampled rows, plain
+            log-softmax for greedy rows. Dense (``token_ids`` None): K = V, candidate v is token
+            v. Sparse: the candidates of :func:`vllm_mtad.core.processing.draft_candidates`
+            (every token left out has probability 0, or, for greedy rows, cannot be among the
+            W best). W_in = 1 at step 1 (``state is None``), else ``state``'s W.
         state: the beams after the previous step, or None at step 1.
         beam_width: W, beams kept per row.
         greedy: [B] bool, rows decoded by beam search instead of beam sampling.
@@ -70,29 +76,43 @@ def beam_step(
         step: 1-based draft step (noise key).
         row_beam_width: [B] int64 or None; beams at index >= this are killed for that row
             (a request without KV room for W beams drafts with one).
+        token_ids: [B, W_in, K] int64 token id of each candidate, or None (dense).
+        vocab_size: V; required with ``token_ids`` (the noise of candidate (beam b, token v) is
+            keyed by the index b·V + v, so sparse and dense steps draw the same noise).
+        any_sampled: whether some row is sampled, known on the host; None: read from ``greedy``
+            (a device sync).
     Returns:
         The new BeamState, W beams per row, sorted by selection order (for greedy rows, by
         descending score).
     """
-    assert draft_logprobs.ndim == 3, f"draft_logprobs must be [B, W_in, V], got {tuple(draft_logprobs.shape)}"
-    B, W_in, V = draft_logprobs.shape
+    assert draft_logprobs.ndim == 3, f"draft_logprobs must be [B, W_in, K], got {tuple(draft_logprobs.shape)}"
+    B, W_in, K = draft_logprobs.shape
     assert (state is None) == (step == 1), "state must be None exactly at step 1"
     assert state is None or state.scores.shape == (B, W_in)
     assert greedy.shape == seeds.shape == positions.shape == (B,)
+    assert token_ids is None or (token_ids.shape == draft_logprobs.shape and vocab_size)
+    V = K if token_ids is None else vocab_size
 
     prev_scores = (torch.zeros(B, 1, device=draft_logprobs.device) if state is None
                    else state.scores)
-    # [B, W_in * V]: joint log-probability of every (beam, token) candidate.
-    cand = (prev_scores[:, :, None] + draft_logprobs.to(torch.float32)).reshape(B, W_in * V)
+    # [B, W_in * K]: joint log-probability of every (beam, candidate) pair.
+    cand = (prev_scores[:, :, None] + draft_logprobs.to(torch.float32)).reshape(B, W_in * K)
 
     perturbed = cand
     sampled = ~greedy
-    if bool(sampled.any()):
-        keys = noise.row_keys(seeds[sampled], positions[sampled], step, noise.STREAM_DRAFT)
-        perturbed = cand.clone()
-        perturbed[sampled] = cand[sampled] + noise.gumbel(keys, W_in * V)
+    if any_sampled is None:
+        any_sampled = bool(sampled.any())
+    if any_sampled:
+        keys = noise.row_keys(seeds, positions, step, noise.STREAM_DRAFT)
+        if token_ids is None:
+            gumbel = noise.gumbel(keys, W_in * V)
+        else:
+            beam = torch.arange(W_in, device=token_ids.device, dtype=torch.int64)
+            cols = (beam[None, :, None] * V + token_ids).reshape(B, W_in * K)
+            gumbel = noise.gumbel_at(keys, cols)
+        perturbed = torch.where(sampled[:, None], cand + gumbel, cand)
 
-    k = min(beam_width, W_in * V)
+    k = min(beam_width, W_in * K)
     # [B, k]: the chosen candidates, best (perturbed) first.
     _, chosen = perturbed.topk(k, dim=-1)
     new_scores = cand.gather(1, chosen)
@@ -105,9 +125,12 @@ def beam_step(
         new_scores = new_scores.masked_fill(beam_idx[None, :] >= row_beam_width[:, None],
                                             float("-inf"))
 
-    parents = chosen // V  # [B, W]
-    tokens = chosen % V  # [B, W]
-    token_lp = draft_logprobs.reshape(B, W_in * V).gather(1, chosen).to(torch.float32)
+    parents = chosen // K  # [B, W]
+    if token_ids is None:
+        tokens = chosen % K  # [B, W]
+    else:
+        tokens = token_ids.reshape(B, W_in * K).gather(1, chosen)
+    token_lp = draft_logprobs.reshape(B, W_in * K).gather(1, chosen).to(torch.float32)
 
     if state is None:
         hist_tokens = tokens[:, :, None]

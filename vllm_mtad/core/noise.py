@@ -67,14 +67,76 @@ def uniform(keys: torch.Tensor, num_cols: int) -> torch.Tensor:
     Returns:
         [num_rows, num_cols] float64, strictly inside (0, 1).
     """
-    cols = mix32(torch.arange(num_cols, dtype=torch.int64, device=keys.device))
+    cols = torch.arange(num_cols, dtype=torch.int64, device=keys.device)
+    return uniform_at(keys, cols[None, :])
+
+
+def uniform_at(keys: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """:func:`uniform` at chosen columns only: ``uniform_at(keys, cols)[r, j] ==
+    uniform(keys, n)[r, cols[r, j]]``, at a cost proportional to ``cols``' size, not to n.
+
+    Args:
+        keys: [num_rows] int64 from :func:`row_keys`.
+        cols: [num_rows or 1, num_picked] int64, column indices (any non-negative values).
+    Returns:
+        [num_rows, num_picked] float64, strictly inside (0, 1).
+    """
     # Two rounds: the column hash is added to the row key (not xor-ed), so two rows' inputs
     # coincide only by chance, then mixed again.
-    h = mix32((keys[:, None] + cols[None, :]) & _MASK32)
+    h = mix32((keys[:, None] + mix32(cols & _MASK32)) & _MASK32)
     h = mix32(h ^ keys[:, None])
     return (h.to(torch.float64) + 0.5) / 4294967296.0
 
 
-def gumbel(keys: torch.Tensor, num_cols: int) -> torch.Tensor:
-    """Standard Gumbel noise, float32, [num_rows, num_cols]; see :func:`uniform`."""
+def _gumbel_dense_eager(keys: torch.Tensor, num_cols: int) -> torch.Tensor:
     return (-torch.log(-torch.log(uniform(keys, num_cols)))).to(torch.float32)
+
+
+# Elements above which :func:`gumbel` runs the compiled kernel (below, eager is cheaper than a
+# compiled call's overhead, and tests on tiny vocabularies never trigger a compilation).
+COMPILE_MIN_ELEMENTS = 1 << 20
+_compiled = None  # the compiled dense kernel, False once compiling failed
+
+
+def _dense_kernel():
+    """torch.compile'd :func:`_gumbel_dense_eager`: the ~45 integer and float operations per
+    element fused into one loop (measured 20x faster than eager on one CPU core, bit-identical;
+    compiled once per process, cached on disk by inductor). Falls back to eager when compilation
+    is unavailable or disabled (VLLM_MTAD_COMPILE_NOISE=0)."""
+    global _compiled
+    if _compiled is None:
+        import os
+
+        if os.environ.get("VLLM_MTAD_COMPILE_NOISE", "1").lower() in ("0", "false", "no"):
+            _compiled = False
+        else:
+            _compiled = torch.compile(_gumbel_dense_eager, dynamic=True)
+    return _compiled
+
+
+def gumbel(keys: torch.Tensor, num_cols: int) -> torch.Tensor:
+    """Standard Gumbel noise, float32, [num_rows, num_cols]; see :func:`uniform`.
+
+    Large requests (every column of a 152k vocabulary, times W beams) run a compiled kernel with
+    the same values; small ones run eagerly.
+    """
+    global _compiled
+    if keys.numel() * num_cols >= COMPILE_MIN_ELEMENTS:
+        kernel = _dense_kernel()
+        if kernel:
+            try:
+                return kernel(keys, num_cols)
+            except Exception as exc:  # no C++ compiler, unsupported device, ...
+                import logging
+
+                logging.getLogger("vllm.mtad.core.noise").warning(
+                    "vllm-mtad: compiling the dense noise kernel failed (%s: %s); using the "
+                    "eager version (same values, slower)", type(exc).__name__, exc)
+                _compiled = False
+    return _gumbel_dense_eager(keys, num_cols)
+
+
+def gumbel_at(keys: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise at chosen columns, float32: ``gumbel_at(keys, cols)[r, j] ==
+    gumbel(keys, n)[r, cols[r, j]]``; see :func:`uniform_at`."""
+    return (-torch.log(-torch.log(uniform_at(keys, cols)))).to(torch.float32)

@@ -8,10 +8,23 @@ greedy modes of MTAD compare (DESIGN.md §1.2).
 
 Conventions (vLLM's): top_k <= 0 or >= vocab size disables top-k and ties at the k-th largest
 logit are all kept; top_p >= 1 disables top-p and the most likely token always survives;
-min_p <= 0 disables min-p.
+min_p <= 0 disables min-p. Ties at the top-p boundary: the definition sorts ascending with a
+*stable* sort, so among equal logits the lower token id counts as the smaller one (dropped first).
+
+Two forms of the same distribution:
+- :func:`processed_logprobs`: every token's log-probability, [rows, V]. The definition, used by
+  the reference implementation and as the oracle for the fast form.
+- :func:`draft_candidates`: only the tokens that can matter, [rows, K] with their ids, from one
+  k-selection over the logits (no sort): for a sampled row with top-k, its top-k tokens (ties
+  at the k-th value kept) with top-p applied on them; for a greedy row, its top K by logit (a
+  beam step keeps W beams, so K >= W candidates per beam suffice). Rows that need every token
+  (sampled, no top-k) make the whole call dense, K = V. :func:`plan_candidates` chooses K on the
+  host from the requests' settings.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -63,7 +76,7 @@ def processed_logprobs(
 
     if top_k is not None or top_p is not None:
         # Sort ascending as vLLM's apply_top_k_top_p does, mask, then scatter back.
-        sorted_logits, order = scaled.sort(dim=-1, descending=False)
+        sorted_logits, order = scaled.sort(dim=-1, descending=False, stable=True)
         if top_k is not None:
             k = top_k.to(torch.int64)
             k_active = ~greedy & (k > 0) & (k < vocab_size)
@@ -79,4 +92,148 @@ def processed_logprobs(
             sorted_logits = sorted_logits.masked_fill(p_active[:, None] & drop, float("-inf"))
         scaled = torch.empty_like(scaled).scatter_(1, order, sorted_logits)
 
+    return scaled.log_softmax(dim=-1)
+
+
+# Extra candidates past the largest top-k: a row whose ties at the k-th value reach past them
+# is flagged (``Candidates.overflow``) and must be processed densely instead.
+TIE_SLACK = 8
+# Above this share of the vocabulary a k-selection stops paying; such rounds run dense.
+MAX_SPARSE_FRACTION = 0.125
+
+
+@dataclass(frozen=True)
+class CandidatePlan:
+    """Decided on the host from the requests' settings, once per batch: no device sync."""
+
+    # K candidates per row, or None: dense (every token).
+    num_candidates: int | None
+    # Largest active top-k of a sampled row (0: none); sizes the dense path's k-selection.
+    max_top_k: int
+    # Some sampled row uses top-p (the dense path then needs the definition's sort).
+    any_top_p: bool
+
+
+def plan_candidates(vocab_size: int, beam_width: int, greedy: list[bool], top_k: list[int],
+                    top_p: list[float]) -> CandidatePlan:
+    """Host-side: how :func:`draft_candidates` processes a batch.
+
+    Args:
+        vocab_size: V.
+        beam_width: W (greedy rows need W candidates per beam).
+        greedy: per row, decoded greedily.
+        top_k: per row, vLLM's convention (<= 0 or >= V: disabled).
+        top_p: per row (>= 1: disabled).
+    """
+    sampled = [(k, p) for g, k, p in zip(greedy, top_k, top_p) if not g]
+    active_k = [k for k, _ in sampled if 0 < k < vocab_size]
+    any_top_p = any(p < 1 for _, p in sampled)
+    max_top_k = max(active_k, default=0)
+    dense = len(active_k) < len(sampled)  # a sampled row without top-k: every token counts
+    num = max(beam_width, max_top_k + TIE_SLACK if active_k else 0)
+    if dense or num >= vocab_size * MAX_SPARSE_FRACTION:
+        return CandidatePlan(None, max_top_k, any_top_p)
+    return CandidatePlan(num, max_top_k, any_top_p)
+
+
+@dataclass
+class Candidates:
+    """The tokens of each row that can be drafted or sampled, with their processed log-probs."""
+
+    # [rows, K] float32: log-probability of each candidate under the processed distribution
+    # (-inf: removed by top-k/top-p; the row's finite entries sum to probability 1).
+    logprobs: torch.Tensor
+    # [rows, K] int64 token ids, or None when dense (K = V and candidate j is token j).
+    token_ids: torch.Tensor | None
+    # [rows] bool: ties at the k-th value may extend past the K candidates; the row's
+    # candidates are incomplete and the caller must redo the call densely.
+    overflow: torch.Tensor
+
+
+def draft_candidates(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    plan: CandidatePlan,
+) -> Candidates:
+    """The processed distribution of every row as candidates (see the module docstring).
+
+    Equal to :func:`processed_logprobs` on the candidates it returns (all other tokens have
+    probability 0 there, or, for greedy rows, cannot be among a beam step's W best), up to
+    float rounding of the normaliser.
+
+    Args:
+        logits: [rows, V] float, raw logits.
+        temperature, top_k, top_p: [rows] each (top_k/top_p may be None), vLLM's conventions.
+        plan: from :func:`plan_candidates` for these rows.
+    Returns:
+        :class:`Candidates`.
+    """
+    assert logits.ndim == 2, f"logits must be [rows, V], got {tuple(logits.shape)}"
+    R, V = logits.shape
+    if plan.num_candidates is None or plan.num_candidates >= V:
+        return Candidates(dense_processed_logprobs(logits, temperature, top_k, top_p, plan),
+                          None, torch.zeros(R, dtype=torch.bool, device=logits.device))
+    K = plan.num_candidates
+    greedy = is_greedy(temperature)
+    temp = torch.where(greedy, torch.ones_like(temperature), temperature).to(torch.float32)
+    # [R, K] descending; ties in an order fixed below.
+    values, ids = logits.topk(K, dim=-1)
+    values = values.to(torch.float32)
+    # Order ties by descending token id, i.e. the reverse of the definition's stable ascending
+    # sort (only matters for top-p at a tie; a K-element sort, not a V-element one).
+    ids, perm = ids.sort(dim=-1, descending=True, stable=True)
+    values = values.gather(1, perm)
+    values, perm = values.sort(dim=-1, descending=True, stable=True)
+    ids = ids.gather(1, perm)
+    scaled = values / temp[:, None]
+
+    # Greedy rows: plain log-softmax over the whole vocabulary (one read for the normaliser).
+    full_lse = logits.to(torch.float32).logsumexp(dim=-1)  # [R]
+    greedy_lp = values - full_lse[:, None]
+
+    if top_k is None:  # only greedy rows can be sparse without top-k (see plan_candidates)
+        k = torch.full((R,), K, dtype=torch.int64, device=logits.device)
+    else:
+        k = top_k.to(torch.int64).clamp(1, K)
+    kth = scaled.gather(1, (k - 1)[:, None])  # [R, 1] the k-th largest scaled logit
+    masked = scaled.masked_fill(scaled < kth, float("-inf"))
+    overflow = ~greedy & (scaled[:, -1:] >= kth)[:, 0]
+    if top_p is not None:
+        # vLLM's rule on the top-k-truncated distribution, in ascending order (the K
+        # candidates reversed; tokens outside them have probability 0 and add nothing).
+        asc = masked.flip(1)
+        cum = asc.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum <= (1 - top_p.to(torch.float32))[:, None]
+        drop[:, -1] = False  # the most likely token always survives
+        p_active = (top_p < 1)[:, None]
+        masked = asc.masked_fill(p_active & drop, float("-inf")).flip(1)
+    sampled_lp = masked.log_softmax(dim=-1)
+    lp = torch.where(greedy[:, None], greedy_lp, sampled_lp)
+    return Candidates(lp, ids, overflow)
+
+
+def dense_processed_logprobs(logits: torch.Tensor, temperature: torch.Tensor,
+                             top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+                             plan: CandidatePlan) -> torch.Tensor:
+    """:func:`processed_logprobs` without its full sort when no row uses top-p: top-k masks
+    below the k-th value found by a k-selection. With top-p, the definition itself (a sort).
+
+    Returns:
+        [rows, V] float32.
+    """
+    if plan.any_top_p:
+        return processed_logprobs(logits, temperature, top_k, top_p)
+    R, V = logits.shape
+    greedy = is_greedy(temperature)
+    temp = torch.where(greedy, torch.ones_like(temperature), temperature).to(torch.float32)
+    scaled = logits.to(torch.float32) / temp[:, None]
+    if top_k is not None and plan.max_top_k > 0:
+        k = top_k.to(torch.int64)
+        k_active = ~greedy & (k > 0) & (k < V)
+        k_sel = min(plan.max_top_k, V)
+        top = scaled.topk(k_sel, dim=-1).values  # [R, k_sel]
+        kth = top.gather(1, (k.clamp(1, k_sel) - 1)[:, None])
+        scaled = scaled.masked_fill(k_active[:, None] & (scaled < kth), float("-inf"))
     return scaled.log_softmax(dim=-1)

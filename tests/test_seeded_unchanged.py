@@ -1,0 +1,47 @@
+"""The hot-path rewrite (k-selection processing, candidate-only noise, the gather-based sampler)
+leaves every token of a fixed seeded workload unchanged.
+
+tests/data/seeded_tokens_before_hot_path_rewrite.json was recorded by
+``python -m tests.seeded_workload`` at the commit it names, before the rewrite: six sampling
+settings (the paper's T=1/top-k 10/top-p 0.9, no truncation, top-p alone, top-k alone, greedy,
+T=0.5 with top-k 20 and top-p 0.95) on four prompts, all in one batch, MTAD W=4, γ=4, τ=0.5.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.seeded_workload import run
+
+pytestmark = pytest.mark.e2e
+
+RECORDED = Path(__file__).parent / "data" / "seeded_tokens_before_hot_path_rewrite.json"
+
+
+# Every setting together (a sampled row without top-k makes the drafter's batch dense), and the
+# top-k settings with greedy alone (the k-selection path: candidates only).
+SPARSE = (0, 3, 4, 5)
+
+
+def test_seeded_workload_tokens_unchanged(tiny_pair_dirs):
+    from tests.seeded_workload import SETTINGS, requests
+
+    before = json.loads(RECORDED.read_text())["tokens"]
+    n = len(requests([0]))
+    stats = []
+    everything, sparse = run(*tiny_pair_dirs, batches=(None, SPARSE), stats=stats)
+    # The first batch drafted densely every round, the second never did (nor redid a round).
+    assert stats[0]["dense_rounds"] == stats[0]["rounds"] > 0
+    assert stats[1]["dense_rounds"] == stats[0]["dense_rounds"]
+    assert stats[1]["rounds"] > stats[0]["rounds"] and stats[1]["dense_redos"] == 0
+    expected_sparse = [before[i * n + j] for i in SPARSE for j in range(n)]
+    for name, now, want in (("all settings", everything, before),
+                            ("top-k settings", sparse, expected_sparse)):
+        assert len(now) == len(want)
+        differ = [i for i, (a, b) in enumerate(zip(now, want)) if a != b]
+        assert not differ, (f"{name}: {len(differ)} of {len(now)} sequences changed (first: "
+                            f"#{differ[0]}: {want[differ[0]]} -> {now[differ[0]]})")
+    assert len(SETTINGS) * n == len(before)
