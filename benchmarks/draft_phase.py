@@ -8,7 +8,15 @@ configuration runs the real vLLM engine with MTAD (γ = 4, T = 1, top-k 10, top-
 the drafter's own timers (time per beam step, steps 2..γ, each a forward of B·W rows) and its
 count of copied blocks. The "prefix copy" column measures, on the same machine, copying
 (W−1) × ⌈context / block size⌉ blocks of the draft model's KV per draft round, i.e. what a
-fork-by-copy design would add.
+fork-by-copy design would add. The phase counters (vllm_mtad.timing, VLLM_MTAD_PHASE_TIMERS=1
+by default here) split each draft round into the draft model's forwards (with its lm_head),
+the work on the draft vocabulary (processing, beam selection) and the beams' KV bookkeeping.
+
+The default pair is random (8-layer target, 4-layer draft, hidden 512) with the real pair's
+vocabulary size, 151,936 (Qwen2.5), so that the lm_head and the per-row vocabulary work cost
+what they cost in the real pair: the models' embedding and lm_head are padded beyond the tiny
+tokenizer (TinyPairSpec.model_vocab_size); the extra rows are random, the prompts are token ids
+and outputs are not detokenized.
 
     python -m benchmarks.draft_phase              # random medium model pair built locally
     python -m benchmarks.draft_phase --quick      # a smaller grid (used by a test)
@@ -23,10 +31,13 @@ import os
 import time
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# Per-phase counters in the runner (patches/worker/patch_phase_timers.py).
+os.environ.setdefault("VLLM_MTAD_PHASE_TIMERS", "1")
 
 from benchmarks.common import environment, markdown_table, write_outputs  # noqa: E402
 
 GAMMA = 4
+REAL_VOCAB_SIZE = 151_936  # Qwen2.5-Coder-1.5B/0.5B-Instruct's vocab_size
 
 
 def medium_pair():
@@ -34,7 +45,8 @@ def medium_pair():
     from vllm_mtad.tiny_models import TinyPairSpec, build_tiny_pair
 
     spec = TinyPairSpec(hidden_size=512, intermediate_size=1408, target_layers=8,
-                        draft_layers=4, num_heads=8, num_kv_heads=4, init_std=0.05)
+                        draft_layers=4, num_heads=8, num_kv_heads=4, init_std=0.05,
+                        model_vocab_size=REAL_VOCAB_SIZE)
     return build_tiny_pair(envs.cache_dir() / "bench", spec)
 
 
@@ -62,6 +74,7 @@ def run_config(target, draft, width, batch, context, new_tokens, block_size):
     from vllm.inputs import TokensPrompt
 
     from vllm_mtad.proposer import drafter_stats
+    from vllm_mtad.timing import phase_times, reset_phase_times
 
     spec = {"method": "mtad", "model": str(draft), "num_speculative_tokens": GAMMA,
             "beam_width": width, "acceptance_threshold": 0.5}
@@ -77,9 +90,11 @@ def run_config(target, draft, width, batch, context, new_tokens, block_size):
     prompts = [TokensPrompt(prompt_token_ids=[(7 * i + 13 * j) % 300 + 2
                                               for j in range(context)]) for i in range(batch)]
     params = [SamplingParams(max_tokens=new_tokens, temperature=1.0, top_k=10, top_p=0.9,
-                             seed=i, ignore_eos=True) for i in range(batch)]
+                             seed=i, ignore_eos=True, detokenize=False) for i in range(batch)]
+    llm.collective_rpc(reset_phase_times)
     llm.generate(prompts, params, use_tqdm=False)
     stats = llm.collective_rpc(drafter_stats)[0]
+    phases = llm.collective_rpc(phase_times)[0]
     cfg = llm.llm_engine.vllm_config
     draft_cfg = cfg.speculative_config.draft_model_config.hf_config
     del llm
@@ -97,7 +112,19 @@ def run_config(target, draft, width, batch, context, new_tokens, block_size):
         "prefix_copy_ms_per_round": 1e3 * batch * prefix_copy_seconds(
             prefix_blocks, draft_cfg.num_hidden_layers, block_bytes),
         "rounds": rounds, "narrowed_rows": stats["narrowed_rows"],
-    }
+        "vocab_size": cfg.model_config.get_vocab_size(),
+    } | phase_columns(phases, rounds)
+
+
+def phase_columns(phases: dict, rounds: int) -> dict:
+    """ms per draft round (= per engine step) in each drafting phase; None with timers off."""
+    names = ("draft_forward", "draft_vocab", "beam_kv", "draft_other", "target_forward",
+             "sampler")
+    if not phases.get("enabled"):
+        return {"phase_seconds": None} | {f"{n}_ms_per_round": None for n in names}
+    sec = phases["seconds"]
+    return {"phase_seconds": sec} | {f"{n}_ms_per_round": 1e3 * sec[n] / max(rounds, 1)
+                                     for n in names}
 
 
 def plot(rows, path):
@@ -149,7 +176,11 @@ def main(argv=None):
                ("beam_step_ms", "ms per beam step"), ("first_pass_ms", "ms first pass"),
                ("copied_blocks_per_round", "blocks copied / round"),
                ("prefix_copy_ms_per_round", "prefix copy ms / round (measured)"),
-               ("narrowed_rows", "rows drafted with fewer beams")]
+               ("narrowed_rows", "rows drafted with fewer beams"),
+               ("draft_forward_ms_per_round", "draft fwd ms / round"),
+               ("draft_vocab_ms_per_round", "draft vocab ms / round"),
+               ("beam_kv_ms_per_round", "beam KV ms / round"),
+               ("draft_other_ms_per_round", "draft other ms / round")]
     table = markdown_table(rows, columns)
     payload = {"benchmark": "draft_phase", "gamma": GAMMA, "target": str(target),
                "draft": str(draft), "environment": environment(), "rows": rows}

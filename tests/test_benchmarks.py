@@ -61,6 +61,9 @@ def test_draft_phase_quick(tmp_path):
     assert by_width[1]["copied_blocks_per_round"] == 0  # one beam: nothing to fork
     assert by_width[4]["copied_blocks_per_round"] > 0
     assert all(r["beam_step_ms"] > 0 and r["narrowed_rows"] == 0 for r in data["rows"])
+    assert all(r["vocab_size"] == 151_936 for r in data["rows"])  # the real pair's
+    assert all(r["draft_forward_ms_per_round"] > 0 and r["beam_kv_ms_per_round"] is not None
+               for r in data["rows"])
     assert (tmp_path / "out" / "draft_phase.png").exists()
 
 
