@@ -14,25 +14,27 @@ def test_draft_store_matches_scheduled_drafts_and_prunes():
     store = DraftStore()
     store.put(["a", "b"], torch.tensor([[1, 2, 3], [4, 5, 6]]),
               torch.tensor([[-0.1, -0.2, -0.3], [-1.0, -2.0, -3.0]]), active={"a", "b"})
-    assert store.logprobs_for("a", [1, 2, 3]) == pytest.approx([-0.1, -0.2, -0.3])
-    assert store.logprobs_for("a", [1, 2]) == pytest.approx([-0.1, -0.2])  # fewer scheduled
-    assert store.logprobs_for("b", [4, -1, 6]) == pytest.approx([-1.0, -2.0, -3.0])
-    assert store.logprobs_for("a", [1, 9, 3]) is None  # not this drafter's tokens
-    assert store.logprobs_for("c", [1]) is None
+
+    def lookup(req_id, scheduled):
+        found = store.lookup([req_id], torch.tensor([scheduled]))
+        if found is None:
+            return None
+        lps, ok = found
+        return lps[0].tolist() if bool(ok[0]) else "mismatch"
+
+    assert lookup("a", [1, 2, 3]) == pytest.approx([-0.1, -0.2, -0.3])
+    assert lookup("a", [1, 2, -1]) == pytest.approx([-0.1, -0.2, 0.0])  # fewer scheduled
+    assert lookup("b", [4, -1, 6]) == pytest.approx([-1.0, 0.0, -3.0])  # an invalid position
+    assert lookup("a", [1, 9, 3]) == "mismatch"  # not this drafter's tokens
+    assert lookup("c", [1, -1, -1]) is None
     # A later round without "a" (skipped this step) keeps "a"; a finished request is dropped.
     store.put(["b"], torch.tensor([[7, 8, 9]]), torch.zeros(1, 3), active={"a", "b"})
-    assert store.logprobs_for("a", [1, 2, 3]) is not None
-    assert store.logprobs_for("b", [7, 8, 9]) == [0.0, 0.0, 0.0]
+    assert lookup("a", [1, 2, 3]) is not None
+    assert lookup("b", [7, 8, 9]) == [0.0, 0.0, 0.0]
     store.put(["b"], torch.tensor([[7, 8, 9]]), torch.zeros(1, 3), active={"b"})
-    assert store.logprobs_for("a", [1, 2, 3]) is None
-
-
-def test_num_valid_prefix():
-    from vllm_mtad.sampler import num_valid_prefix
-
-    assert num_valid_prefix([3, 4, -1, -1]) == 2
-    assert num_valid_prefix([3, -1, 5, -1]) == 3
-    assert num_valid_prefix([-1, -1]) == 0
+    assert lookup("a", [1, 2, 3]) is None
+    # Longer drafts than the store's (γ grew): the missing positions never match.
+    assert lookup("b", [7, 8, 9, 5]) == "mismatch"
 
 
 def test_request_seed_is_stable_and_uses_the_seed():

@@ -47,31 +47,47 @@ def request_seed(sampling_params, req_id: str) -> int:
 
 
 class DraftStore:
-    """Each request's latest draft log-probabilities, on the device, for the rare step where
-    vLLM's ``draft_probs`` channel has none for it.
+    """Each request's latest draft (tokens and draft log-probs), on the device, for the rare
+    step where vLLM's ``draft_probs`` channel has none for it.
 
     vLLM hands the last round's draft probabilities to the rejection sampler only when every
     request in the step was in that round; a running request that the scheduler skipped for a
     step is verified later against drafts from an earlier round. Rows are views into each
-    round's [B, γ] tensor (no copy, no host transfer).
+    round's tensors (no copy, no host transfer).
     """
 
     def __init__(self):
-        self._rows: dict[str, torch.Tensor] = {}  # req_id -> [γ] float32 view
+        self._rows: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # req_id -> ([γ], [γ])
 
-    def put(self, req_ids: list[str], logprobs: torch.Tensor, active) -> None:
+    def put(self, req_ids: list[str], tokens: torch.Tensor, logprobs: torch.Tensor,
+            active) -> None:
+        """tokens: [B, γ] int64, logprobs: [B, γ] float32; ``active``: the running requests
+        (entries of the others are dropped)."""
         for b, req_id in enumerate(req_ids):
-            self._rows[req_id] = logprobs[b]
+            self._rows[req_id] = (tokens[b], logprobs[b])
         for req_id in [r for r in self._rows if r not in active]:  # finished requests
             del self._rows[req_id]
 
-    def rows(self, req_ids: list[str], gamma: int) -> torch.Tensor | None:
-        """[len(req_ids), γ] draft log-probs, or None when some request has none."""
-        rows = [self._rows.get(r) for r in req_ids]
-        if not rows or any(r is None for r in rows):
+    def lookup(self, req_ids: list[str], scheduled: torch.Tensor):
+        """Draft log-probs of the scheduled drafts, or None when a request has no entry.
+
+        Args:
+            scheduled: [B, γ] int, the drafts being verified (-1: invalid or past the count).
+        Returns:
+            ([B, γ] float32 log-probs, 0 at -1 positions; [B] bool, rows whose scheduled drafts
+            are this store's tokens — a row that is not must not use the log-probs), or None.
+        """
+        entries = [self._rows.get(r) for r in req_ids]
+        if not entries or any(e is None for e in entries):
             return None
-        return torch.stack([torch.nn.functional.pad(r[:gamma], (0, max(0, gamma - r.shape[0])))
-                            for r in rows])
+        gamma = scheduled.shape[1]
+        pad = lambda t, v: torch.nn.functional.pad(t[:gamma], (0, max(0, gamma - t.shape[0])),  # noqa: E731
+                                                   value=v)
+        tokens = torch.stack([pad(t, -2) for t, _ in entries]).to(scheduled.device)
+        logprobs = torch.stack([pad(lp, 0.0) for _, lp in entries]).to(scheduled.device)
+        invalid = scheduled < 0
+        matches = ((tokens == scheduled) | invalid).all(dim=1)
+        return logprobs.masked_fill(invalid, 0.0), matches
 
 
 class MTADProposer(DraftModelProposer):
@@ -171,7 +187,7 @@ class MTADProposer(DraftModelProposer):
                 ctx, logits, replace(plan, num_candidates=None))
 
         self._last_logprobs = draft_logprobs[:, :, None].contiguous()
-        self.drafts.put(list(req_ids), draft_logprobs, self.runner.requests)
+        self.drafts.put(list(req_ids), tokens, draft_logprobs, self.runner.requests)
         for r in [r for r in self._seeds if r not in self.runner.requests]:
             del self._seeds[r]
         self.stats["beam_steps_s"] += time.perf_counter() - beams_started
@@ -291,7 +307,9 @@ def drafter_stats(worker) -> dict:
     drafter = getattr(worker.model_runner, "drafter", None)
     if not isinstance(drafter, MTADProposer):
         return {}
-    return dict(drafter.stats) | {k: int(v) for k, v in drafter._device_stats.items()}
+    sampler = getattr(worker.model_runner, "rejection_sampler", None)
+    return (dict(drafter.stats) | {k: int(v) for k, v in drafter._device_stats.items()}
+            | {"sampler_" + k: v for k, v in getattr(sampler, "stats", {}).items()})
 
 
 def _row_sampling_params(sampling_metadata, B: int, device):

@@ -45,6 +45,8 @@ class MTADRejectionSampler(RejectionSampler):
         self.mtad = mtad
         self._settings: dict[str, tuple[float, bool]] = {}  # req_id -> (τ, exact greedy)
         self._warned_missing_draft = False
+        # Where each verify step's draft log-probs came from (read with drafter_stats()).
+        self.stats = {"draft_probs_channel": 0, "draft_store": 0, "no_draft_probs": 0}
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
         assert metadata.max_spec_len <= vllm_rs.MAX_SPEC_LEN
@@ -129,13 +131,19 @@ class MTADRejectionSampler(RejectionSampler):
         if draft_probs is not None:  # vLLM's channel: [num_draft_tokens, 1]
             assert draft_probs.ndim == 2 and draft_probs.shape[1] == 1, (
                 f"MTAD's draft_probs are [num_draft_tokens, 1], got {tuple(draft_probs.shape)}")
+            self.stats["draft_probs_channel"] += 1
             return torch.where(target.valid, draft_probs[target.flat, 0],
                                torch.zeros((), device=target.device))
-        rows = self.runner.drafter.drafts.rows(list(req_ids), target.gamma)
-        if rows is not None:
-            return torch.where(target.valid, rows.to(target.device), 0.0)
+        found = self.runner.drafter.drafts.lookup(list(req_ids), target.drafts)
+        if found is not None:
+            # A row whose scheduled drafts are not the stored ones (never seen) is treated as
+            # below: q = 1.
+            logprobs, matches = found
+            self.stats["draft_store"] += 1
+            return torch.where(matches[:, None], logprobs, 0.0)
         # Drafts without their probabilities (not from this drafter): treated as q = 1, i.e.
         # accepted while the target's joint probability passes τ.
+        self.stats["no_draft_probs"] += 1
         if not self._warned_missing_draft:
             logger.warning("vllm-mtad: drafts without draft probabilities in this step; "
                            "accepting them on the target's alone")
@@ -163,8 +171,9 @@ class _FlatTarget:
         j = torch.arange(self.gamma, device=dev)
         self.valid = j[None, :] < self.counts[:, None]
         self.flat = (starts[:, None] + j[None, :]).clamp(min=0, max=max(N - 1, 0))
-        tok = metadata.draft_token_ids.to(torch.int64)  # [N]
+        tok = metadata.draft_token_ids.to(torch.int64)  # [N]; -1 marks an invalid draft
         self.drafts = torch.where(self.valid, tok[self.flat], torch.full_like(self.flat, -1))
+        tok = tok.clamp(min=0)  # (the rule ends a chain at -1; any value will do to gather)
 
         ib = runner.input_batch
         greedy_host = (ib.temperature_cpu[: self.B] < GREEDY_TEMPERATURE).tolist()
