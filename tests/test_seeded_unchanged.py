@@ -48,3 +48,17 @@ def test_seeded_workload_tokens_unchanged(tiny_pair_dirs):
         assert not differ, (f"{name}: {len(differ)} of {len(now)} sequences changed (first: "
                             f"#{differ[0]}: {want[differ[0]]} -> {now[differ[0]]})")
     assert len(SETTINGS) * n == len(before)
+
+
+def test_seeded_tokens_unchanged_with_the_compiled_noise_kernel(tiny_pair_dirs, monkeypatch):
+    """The dense batch again, with every dense noise draw (draft beams and the sampler's extra
+    token) run through the torch.compile'd kernel inside the engine."""
+    from vllm_mtad.core import noise
+
+    monkeypatch.setenv("VLLM_MTAD_NOISE_COMPILE_MIN_ELEMENTS", "1")
+    monkeypatch.setenv("VLLM_MTAD_COMPILE_NOISE", "1")
+    monkeypatch.setattr(noise, "_compiled", None)
+    before = json.loads(RECORDED.read_text())["tokens"]
+    (now,) = run(*tiny_pair_dirs)
+    assert noise._compiled, "the compiled kernel was not used (compilation failed?)"
+    assert now == before

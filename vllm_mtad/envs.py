@@ -16,3 +16,15 @@ def phase_timers() -> bool:
     """VLLM_MTAD_PHASE_TIMERS=1: record per-phase wall-clock counters (vllm_mtad.timing); off by
     default, on in the benchmarks."""
     return os.environ.get("VLLM_MTAD_PHASE_TIMERS", "0").lower() in ("1", "true", "yes")
+
+
+def compile_noise() -> bool:
+    """VLLM_MTAD_COMPILE_NOISE=0: never torch.compile the dense noise kernel (default: compile
+    it on first use in a process; it is used only for sampled requests without top-k)."""
+    return os.environ.get("VLLM_MTAD_COMPILE_NOISE", "1").lower() not in ("0", "false", "no")
+
+
+def noise_compile_min_elements() -> int:
+    """VLLM_MTAD_NOISE_COMPILE_MIN_ELEMENTS: the size from which dense noise runs compiled
+    (default 2**20; tests lower it to run the compiled kernel on tiny vocabularies)."""
+    return int(os.environ.get("VLLM_MTAD_NOISE_COMPILE_MIN_ELEMENTS", 1 << 20))

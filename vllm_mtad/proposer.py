@@ -255,9 +255,12 @@ class MTADProposer(DraftModelProposer):
             qsl_cpu = torch.arange(num_rows + 1, dtype=torch.int32)
             qsl = qsl_cpu.to(input_ids.device, non_blocking=True)
             # Host-side bounds as vLLM's own draft loop keeps them (+1 per step), no sync.
+            # (vLLM's first-pass metadata extends seq_lens and max_seq_len by the draft's new
+            # slots, N = 1, but not seq_lens_cpu_upper_bound: hence + N here.)
             upper = ctx.cad.seq_lens_cpu_upper_bound
             if upper is not None:
-                seq_lens_cpu = (upper[: ctx.B] + (t - 1)).repeat_interleave(ctx.W)
+                n_new = getattr(self, "net_num_new_slots_per_request", 1)
+                seq_lens_cpu = (upper[: ctx.B] + n_new + (t - 1)).repeat_interleave(ctx.W)
                 max_seq_len = min(ctx.cad.max_seq_len + t - 1, self.max_model_len)
             else:  # not provided by this vLLM path: read them (a sync)
                 seq_lens_cpu = kv.seq_lens.cpu()

@@ -32,7 +32,8 @@ from vllm.v1.sample.rejection_sampler import RejectionSampler
 
 from vllm_mtad.config import MTADConfig, request_settings
 from vllm_mtad.core import is_greedy, mtad_accept
-from vllm_mtad.core.processing import GREEDY_TEMPERATURE, Candidates, plan_candidates
+from vllm_mtad.core.processing import (GREEDY_TEMPERATURE, Candidates, draft_candidates,
+                                       plan_candidates)
 from vllm_mtad.log import get_logger
 
 logger = get_logger(__name__)
@@ -72,7 +73,10 @@ class MTADRejectionSampler(RejectionSampler):
             target_logits = target_logits.clone()
         target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)
 
-        target = _FlatTarget(metadata, target_logits, sampling_metadata, self.runner)
+        need_processed = (sampling_metadata.max_num_logprobs is not None
+                          and self.is_processed_logprobs_mode)
+        target = _FlatTarget(metadata, target_logits, sampling_metadata, self.runner,
+                             need_processed)
         output_token_ids = self._accept(metadata, target, bonus_token_ids, draft_probs,
                                         sampling_metadata)
 
@@ -80,7 +84,8 @@ class MTADRejectionSampler(RejectionSampler):
         if sampling_metadata.max_num_logprobs is not None:
             logprobs_tensors = self._get_logprobs_tensors(
                 sampling_metadata.max_num_logprobs, metadata, logits,
-                target.logits if self.is_processed_logprobs_mode else raw_target_logits,
+                target.processed_logits if self.is_processed_logprobs_mode
+                else raw_target_logits,
                 bonus_out.logprobs_tensors.logprobs, output_token_ids)
         return SamplerOutput(sampled_token_ids=output_token_ids, logprobs_tensors=logprobs_tensors)
 
@@ -155,20 +160,25 @@ class _FlatTarget:
     """vllm_mtad.core's TargetView over vLLM's flat target logits.
 
     Legend: N = draft tokens in the step (all requests), B = requests, γ = max_spec_len,
-    V = vocabulary. Reads, per draft token, its log-prob before the sampling constraints
-    (greedy rows compare unprocessed distributions) and after them (sampled rows), and the
-    argmax; both from one gather and one log-sum-exp per row, no [N, V] copy.
+    V = vocabulary, K = candidates per row. Reads, per draft token, its log-prob before the
+    sampling constraints (greedy rows compare unprocessed distributions) and after them
+    (sampled rows), and the argmax. When every sampled request uses top-k (the paper's
+    setting), the processed distribution comes from one k-selection per row
+    (vllm_mtad.core.processing.draft_candidates, the same rule as vLLM's
+    apply_sampling_constraints) instead of vLLM's full sort; otherwise, and when processed
+    logprobs are requested, from vLLM's apply_sampling_constraints itself.
     """
 
-    def __init__(self, metadata, target_logits: torch.Tensor, sampling_metadata, runner):
+    def __init__(self, metadata, target_logits: torch.Tensor, sampling_metadata, runner,
+                 need_processed_logits: bool):
         counts = metadata.num_draft_tokens  # list, per request
-        self.B, self.gamma = len(counts), metadata.max_spec_len
+        self.B, self.gamma = B, gamma = len(counts), metadata.max_spec_len
         self.device = dev = target_logits.device
         N, self.V = target_logits.shape
         # [B] int64, and [B, γ] indices into the N rows; -1 drafts past a request's own count.
         self.counts = torch.tensor(counts, dtype=torch.int64).to(dev, non_blocking=True)
         starts = metadata.cu_num_draft_tokens.to(torch.int64) - self.counts
-        j = torch.arange(self.gamma, device=dev)
+        j = torch.arange(gamma, device=dev)
         self.valid = j[None, :] < self.counts[:, None]
         self.flat = (starts[:, None] + j[None, :]).clamp(min=0, max=max(N - 1, 0))
         tok = metadata.draft_token_ids.to(torch.int64)  # [N]; -1 marks an invalid draft
@@ -176,47 +186,62 @@ class _FlatTarget:
         tok = tok.clamp(min=0)  # (the rule ends a chain at -1; any value will do to gather)
 
         ib = runner.input_batch
-        greedy_host = (ib.temperature_cpu[: self.B] < GREEDY_TEMPERATURE).tolist()
-        # Per draft token: greedy rows before the constraints, sampled rows after them.
-        temp = (torch.zeros(self.B, device=dev) if sampling_metadata.temperature is None
-                else sampling_metadata.temperature[: self.B].to(torch.float32))
+        greedy_host = (ib.temperature_cpu[:B] < GREEDY_TEMPERATURE).tolist()
+        temp = (torch.zeros(B, device=dev) if sampling_metadata.temperature is None
+                else sampling_metadata.temperature[:B].to(torch.float32))
         self.sampled = ~is_greedy(temp)  # [B]
-        greedy_tok = (~self.sampled).repeat_interleave(self.counts, output_size=N)  # [N]
+        per_token = lambda x: None if x is None else x[:B].repeat_interleave(  # noqa: E731
+            self.counts, output_size=N)
+        greedy_tok = ~per_token(self.sampled)  # [N]
         lp = torch.zeros(N, device=dev)
         self.argmax = torch.zeros(N, dtype=torch.int64, device=dev)
-        if not sampling_metadata.all_random:
+        if not sampling_metadata.all_random:  # greedy rows: before the constraints
             lp = target_logits.gather(1, tok[:, None])[:, 0] - target_logits.logsumexp(dim=-1)
             self.argmax = target_logits.argmax(dim=-1)
-        # vLLM's temperature/top-k/top-p (in place, as in vLLM's sampler).
-        self.logits = vllm_rs.apply_sampling_constraints(
-            target_logits, metadata.cu_num_draft_tokens, sampling_metadata)
+
+        self.cands = None  # Candidates over the N rows, when sparse
+        self.processed_logits = None  # [N, V], when dense
         if not sampling_metadata.all_greedy:
-            processed = (self.logits.gather(1, tok[:, None])[:, 0]
-                         - self.logits.logsumexp(dim=-1))
+            plan = plan_candidates(self.V, 1, greedy_host, ib.top_k_cpu[:B].tolist(),
+                                   ib.top_p_cpu[:B].tolist())
+            if plan.num_candidates is not None and not need_processed_logits:
+                cands = draft_candidates(target_logits, per_token(temp),
+                                         per_token(sampling_metadata.top_k),
+                                         per_token(sampling_metadata.top_p),
+                                         replace(plan, any_greedy=False))
+                # Ties at a row's k-th value past the K candidates (adversarial): vLLM's
+                # dense path instead. One host sync per step, only on top-k batches.
+                if not bool(cands.overflow.any()):
+                    self.cands = cands
+            if self.cands is not None:
+                hit = self.cands.token_ids == tok[:, None]  # [N, K]
+                processed = torch.where(hit, self.cands.logprobs,
+                                        float("-inf")).amax(dim=1)  # -inf: not a candidate
+            else:
+                # vLLM's temperature/top-k/top-p (in place, as in vLLM's sampler).
+                self.processed_logits = vllm_rs.apply_sampling_constraints(
+                    target_logits, metadata.cu_num_draft_tokens, sampling_metadata)
+                processed = (self.processed_logits.gather(1, tok[:, None])[:, 0]
+                             - self.processed_logits.logsumexp(dim=-1))
             lp = torch.where(greedy_tok, lp, processed)
+        else:
+            self.processed_logits = target_logits  # vLLM leaves all-greedy logits as they are
         self.token_logprobs = lp  # [N]
-        self.plan = plan_candidates(self.V, 1, greedy_host, ib.top_k_cpu[: self.B].tolist(),
-                                    ib.top_p_cpu[: self.B].tolist())
 
     def at_drafts(self, draft_token_ids):
         return self.token_logprobs[self.flat], self.argmax[self.flat]
 
     def candidates_at(self, index):
-        rows = self.logits[self.flat.gather(1, index[:, None])[:, 0]]  # [B, V]
-        K = self.plan.num_candidates
-        if K is not None:
-            values, ids = rows.topk(K, dim=-1)
-            # Order ties by ascending id so that a greedy row's argmax is the first maximum,
-            # as over the whole row.
-            ids, perm = ids.sort(dim=-1, stable=True)
-            values = values.gather(1, perm)
-            values, perm = values.sort(dim=-1, descending=True, stable=True)
-            ids = ids.gather(1, perm)
-            # A sampled row with finite logits past its K most likely tokens (ties at its
-            # k-th value) needs them all. One host sync per step, only on top-k batches.
-            overflow = self.sampled & torch.isfinite(values[:, -1])
-            if not bool(overflow.any()):
-                lp = values - rows.logsumexp(dim=-1, keepdim=True)
-                return Candidates(lp, ids, overflow)
-        return Candidates(rows.log_softmax(dim=-1), None,
-                          torch.zeros(self.B, dtype=torch.bool, device=self.device))
+        rows = self.flat.gather(1, index[:, None])[:, 0]  # [B] rows of the N
+        no_overflow = torch.zeros(self.B, dtype=torch.bool, device=self.device)
+        if self.cands is not None:
+            lp, ids = self.cands.logprobs[rows], self.cands.token_ids[rows]  # [B, K]
+            # Greedy rows take the argmax over the whole row (the first among ties, as vLLM's
+            # greedy sampling): it becomes their only candidate.
+            first = torch.arange(lp.shape[1], device=self.device)[None, :] == 0
+            greedy = ~self.sampled[:, None]
+            lp = torch.where(greedy, torch.where(first, 0.0, float("-inf")), lp)
+            ids = torch.where(greedy & first, self.argmax[rows][:, None], ids)
+            return Candidates(lp, ids, no_overflow)
+        logits = self.processed_logits[rows]  # [B, V]
+        return Candidates(logits.log_softmax(dim=-1), None, no_overflow)

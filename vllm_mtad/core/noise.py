@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from vllm_mtad import envs
+
 _MASK32 = 0xFFFFFFFF
 
 # Stream tags keep noise used for different purposes independent.
@@ -92,9 +94,6 @@ def _gumbel_dense_eager(keys: torch.Tensor, num_cols: int) -> torch.Tensor:
     return (-torch.log(-torch.log(uniform(keys, num_cols)))).to(torch.float32)
 
 
-# Elements above which :func:`gumbel` runs the compiled kernel (below, eager is cheaper than a
-# compiled call's overhead, and tests on tiny vocabularies never trigger a compilation).
-COMPILE_MIN_ELEMENTS = 1 << 20
 _compiled = None  # the compiled dense kernel, False once compiling failed
 
 
@@ -105,9 +104,7 @@ def _dense_kernel():
     is unavailable or disabled (VLLM_MTAD_COMPILE_NOISE=0)."""
     global _compiled
     if _compiled is None:
-        import os
-
-        if os.environ.get("VLLM_MTAD_COMPILE_NOISE", "1").lower() in ("0", "false", "no"):
+        if not envs.compile_noise():
             _compiled = False
         else:
             _compiled = torch.compile(_gumbel_dense_eager, dynamic=True)
@@ -121,7 +118,9 @@ def gumbel(keys: torch.Tensor, num_cols: int) -> torch.Tensor:
     the same values; small ones run eagerly.
     """
     global _compiled
-    if keys.numel() * num_cols >= COMPILE_MIN_ELEMENTS:
+    # Below the threshold (2**20 elements by default), eager is cheaper than a compiled call,
+    # and tests on tiny vocabularies never trigger a compilation.
+    if keys.numel() * num_cols >= envs.noise_compile_min_elements():
         kernel = _dense_kernel()
         if kernel:
             try:

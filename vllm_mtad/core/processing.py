@@ -112,6 +112,8 @@ class CandidatePlan:
     max_top_k: int
     # Some sampled row uses top-p (the dense path then needs the definition's sort).
     any_top_p: bool
+    # Some row is greedy (its log-probs need the whole vocabulary's normaliser).
+    any_greedy: bool = True
 
 
 def plan_candidates(vocab_size: int, beam_width: int, greedy: list[bool], top_k: list[int],
@@ -131,9 +133,10 @@ def plan_candidates(vocab_size: int, beam_width: int, greedy: list[bool], top_k:
     max_top_k = max(active_k, default=0)
     dense = len(active_k) < len(sampled)  # a sampled row without top-k: every token counts
     num = max(beam_width, max_top_k + TIE_SLACK if active_k else 0)
+    any_greedy = len(sampled) < len(greedy)
     if dense or num >= vocab_size * MAX_SPARSE_FRACTION:
-        return CandidatePlan(None, max_top_k, any_top_p)
-    return CandidatePlan(num, max_top_k, any_top_p)
+        return CandidatePlan(None, max_top_k, any_top_p, any_greedy)
+    return CandidatePlan(num, max_top_k, any_top_p, any_greedy)
 
 
 @dataclass
@@ -189,9 +192,11 @@ def draft_candidates(
     ids = ids.gather(1, perm)
     scaled = values / temp[:, None]
 
-    # Greedy rows: plain log-softmax over the whole vocabulary (one read for the normaliser).
-    full_lse = logits.to(torch.float32).logsumexp(dim=-1)  # [R]
-    greedy_lp = values - full_lse[:, None]
+    # Greedy rows: plain log-softmax over the whole vocabulary (one read for the normaliser,
+    # only when the batch has greedy rows).
+    greedy_lp = None
+    if plan.any_greedy:
+        greedy_lp = values - logits.to(torch.float32).logsumexp(dim=-1)[:, None]
 
     if top_k is None:  # only greedy rows can be sparse without top-k (see plan_candidates)
         k = torch.full((R,), K, dtype=torch.int64, device=logits.device)
@@ -209,8 +214,9 @@ def draft_candidates(
         drop[:, -1] = False  # the most likely token always survives
         p_active = (top_p < 1)[:, None]
         masked = asc.masked_fill(p_active & drop, float("-inf")).flip(1)
-    sampled_lp = masked.log_softmax(dim=-1)
-    lp = torch.where(greedy[:, None], greedy_lp, sampled_lp)
+    lp = masked.log_softmax(dim=-1)
+    if greedy_lp is not None:
+        lp = torch.where(greedy[:, None], greedy_lp, lp)
     return Candidates(lp, ids, overflow)
 
 
