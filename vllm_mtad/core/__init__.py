@@ -1,12 +1,15 @@
 """The MTAD algorithm in plain PyTorch: no vLLM import, batched, device-agnostic."""
 
-from vllm_mtad.core.acceptance import (AcceptanceResult, accepted_lengths, assemble_output,
-                                       extra_tokens, mtad_accept)
+from vllm_mtad.core.acceptance import (AcceptanceResult, DenseTarget, TargetView,
+                                       accepted_lengths, accepted_lengths_from, assemble_output,
+                                       extra_tokens, extra_tokens_from, mtad_accept)
 from vllm_mtad.core.beam import BeamState, beam_step, best_beam
-from vllm_mtad.core.processing import is_greedy, processed_logprobs
+from vllm_mtad.core.processing import (CandidatePlan, Candidates, draft_candidates, is_greedy,
+                                       plan_candidates, processed_logprobs)
 
 __all__ = [
-    "AcceptanceResult", "BeamState", "accepted_lengths", "assemble_output", "beam_step",
-    "best_beam",
-    "extra_tokens", "is_greedy", "mtad_accept", "processed_logprobs",
+    "AcceptanceResult", "BeamState", "CandidatePlan", "Candidates", "DenseTarget", "TargetView",
+    "accepted_lengths", "accepted_lengths_from", "assemble_output", "beam_step", "best_beam",
+    "draft_candidates", "extra_tokens", "extra_tokens_from", "is_greedy", "mtad_accept",
+    "plan_candidates", "processed_logprobs",
 ]
