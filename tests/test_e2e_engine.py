@@ -397,3 +397,23 @@ def test_unsupported_vllm_version_stops_startup(tiny_pair_dirs):
                           timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert proc.returncode != 0
     assert "supports vLLM 0.32.x" in proc.stderr and "found vLLM 0.31.4" in proc.stderr
+
+
+def test_engine_without_enforce_eager(tiny_pair_dirs, tiny_pair):
+    """Without enforce_eager vLLM warms up by running the rejection sampler on a dummy batch
+    with no requests in the input batch (CPU: profile_run; CUDA: _dummy_sampler_run), then
+    serves from its compiled model. MTAD must start and decode there too."""
+    target_dir, draft_dir = tiny_pair_dirs
+    llm = make_llm(target_dir, mtad_spec(draft_dir, 3, 2, 0.5), enforce_eager=False,
+                   disable_log_stats=False)
+    got = generate_ids(llm, PROMPTS[:2], greedy_params(24))
+    m = spec_metrics(llm)
+    close(llm)
+    assert [len(g) for g in got] == [24, 24]
+    assert m["num_drafts"] > 0 and 0 < m["num_accepted_tokens"] <= m["num_draft_tokens"]
+    # Greedy "joint" decoding is deterministic: the reference's tokens, as in eager mode
+    # (compiled float32 kernels may round differently, so the first 8 tokens are compared).
+    cfg = MTADConfig(3, 2, 0.5)
+    for prompt, ids in zip(PROMPTS[:2], got):
+        want = ref.generate(*tiny_pair, prompt, 24, cfg, ref.Sampling(temperature=0.0))
+        assert ids[:8] == want.token_ids[:8]

@@ -16,23 +16,24 @@ def test_draft_store_matches_scheduled_drafts_and_prunes():
               torch.tensor([[-0.1, -0.2, -0.3], [-1.0, -2.0, -3.0]]), active={"a", "b"})
 
     def lookup(req_id, scheduled):
-        found = store.lookup([req_id], torch.tensor([scheduled]))
-        if found is None:
-            return None
-        lps, ok = found
+        lps, ok = store.lookup([req_id], torch.tensor([scheduled]))
         return lps[0].tolist() if bool(ok[0]) else "mismatch"
 
     assert lookup("a", [1, 2, 3]) == pytest.approx([-0.1, -0.2, -0.3])
     assert lookup("a", [1, 2, -1]) == pytest.approx([-0.1, -0.2, 0.0])  # fewer scheduled
     assert lookup("b", [4, -1, 6]) == pytest.approx([-1.0, 0.0, -3.0])  # an invalid position
     assert lookup("a", [1, 9, 3]) == "mismatch"  # not this drafter's tokens
-    assert lookup("c", [1, -1, -1]) is None
+    assert lookup("c", [1, -1, -1]) == "mismatch"  # no entry
+    # A request without an entry (a new one) does not cost the others their log-probs.
+    lps, ok = store.lookup(["a", "c"], torch.tensor([[1, 2, 3], [-1, -1, -1]]))
+    assert ok.tolist() == [True, True] and lps[0].tolist() == pytest.approx([-0.1, -0.2, -0.3])
+    assert store.lookup(["c"], torch.tensor([[5, -1, -1]]))[1].tolist() == [False]
     # A later round without "a" (skipped this step) keeps "a"; a finished request is dropped.
     store.put(["b"], torch.tensor([[7, 8, 9]]), torch.zeros(1, 3), active={"a", "b"})
-    assert lookup("a", [1, 2, 3]) is not None
+    assert lookup("a", [1, 2, 3]) == pytest.approx([-0.1, -0.2, -0.3])
     assert lookup("b", [7, 8, 9]) == [0.0, 0.0, 0.0]
     store.put(["b"], torch.tensor([[7, 8, 9]]), torch.zeros(1, 3), active={"b"})
-    assert lookup("a", [1, 2, 3]) is None
+    assert lookup("a", [1, 2, 3]) == "mismatch"
     # Longer drafts than the store's (γ grew): the missing positions never match.
     assert lookup("b", [7, 8, 9, 5]) == "mismatch"
 

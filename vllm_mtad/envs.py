@@ -26,5 +26,5 @@ def compile_noise() -> bool:
 
 def noise_compile_min_elements() -> int:
     """VLLM_MTAD_NOISE_COMPILE_MIN_ELEMENTS: the size from which dense noise runs compiled
-    (default 2**20; tests lower it to run the compiled kernel on tiny vocabularies)."""
-    return int(os.environ.get("VLLM_MTAD_NOISE_COMPILE_MIN_ELEMENTS", 1 << 20))
+    (default 2**15; tests lower it to run the compiled kernel on tiny vocabularies)."""
+    return int(os.environ.get("VLLM_MTAD_NOISE_COMPILE_MIN_ELEMENTS", 1 << 15))

@@ -69,22 +69,24 @@ class DraftStore:
             del self._rows[req_id]
 
     def lookup(self, req_ids: list[str], scheduled: torch.Tensor):
-        """Draft log-probs of the scheduled drafts, or None when a request has no entry.
+        """Draft log-probs of the scheduled drafts, per request.
 
         Args:
             scheduled: [B, γ] int, the drafts being verified (-1: invalid or past the count).
         Returns:
-            ([B, γ] float32 log-probs, 0 at -1 positions; [B] bool, rows whose scheduled drafts
-            are this store's tokens — a row that is not must not use the log-probs), or None.
+            [B, γ] float32 log-probs (0 at -1 positions) and [B] bool: rows whose scheduled
+            drafts are this store's tokens (a request without an entry, e.g. a new one with no
+            drafts, or with other tokens, is False: its log-probs must not be used).
         """
-        entries = [self._rows.get(r) for r in req_ids]
-        if not entries or any(e is None for e in entries):
-            return None
         gamma = scheduled.shape[1]
+        dev = scheduled.device
+        none = (torch.full((gamma,), -2, dtype=torch.int64, device=dev),
+                torch.zeros(gamma, device=dev))
+        entries = [self._rows.get(r, none) for r in req_ids]
         pad = lambda t, v: torch.nn.functional.pad(t[:gamma], (0, max(0, gamma - t.shape[0])),  # noqa: E731
                                                    value=v)
-        tokens = torch.stack([pad(t, -2) for t, _ in entries]).to(scheduled.device)
-        logprobs = torch.stack([pad(lp, 0.0) for _, lp in entries]).to(scheduled.device)
+        tokens = torch.stack([pad(t.to(dev), -2) for t, _ in entries])
+        logprobs = torch.stack([pad(lp.to(dev), 0.0) for _, lp in entries])
         invalid = scheduled < 0
         matches = ((tokens == scheduled) | invalid).all(dim=1)
         return logprobs.masked_fill(invalid, 0.0), matches
@@ -252,8 +254,7 @@ class MTADProposer(DraftModelProposer):
     def _beam_forward(self, input_ids: torch.Tensor, kv, ctx: "_Round", t: int) -> torch.Tensor:
         num_rows = input_ids.shape[0]
         with phase("beam_kv"):
-            qsl_cpu = torch.arange(num_rows + 1, dtype=torch.int32)
-            qsl = qsl_cpu.to(input_ids.device, non_blocking=True)
+            qsl_cpu, qsl = ctx.query_start_loc(num_rows)
             # Host-side bounds as vLLM's own draft loop keeps them (+1 per step), no sync.
             # (vLLM's first-pass metadata extends seq_lens and max_seq_len by the draft's new
             # slots, N = 1, but not seq_lens_cpu_upper_bound: hence + N here.)
@@ -299,6 +300,14 @@ class _Round:
     first_pos: torch.Tensor  # [B] int64, position of the first draft token
     any_sampled: bool
     cad: CommonAttentionMetadata  # the first pass's
+    _qsl: tuple | None = None
+
+    def query_start_loc(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B·W + 1] int32 on the host and on the device (one row per beam), once per round."""
+        if self._qsl is None:
+            cpu = torch.arange(num_rows + 1, dtype=torch.int32)
+            self._qsl = (cpu, cpu.to(self.device, non_blocking=True))
+        return self._qsl
 
 
 def _beams(token_ids: torch.Tensor | None, B: int, W: int) -> torch.Tensor | None:

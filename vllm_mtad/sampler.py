@@ -34,9 +34,6 @@ from vllm_mtad.config import MTADConfig, request_settings
 from vllm_mtad.core import is_greedy, mtad_accept
 from vllm_mtad.core.processing import (GREEDY_TEMPERATURE, Candidates, draft_candidates,
                                        plan_candidates)
-from vllm_mtad.log import get_logger
-
-logger = get_logger(__name__)
 
 
 class MTADRejectionSampler(RejectionSampler):
@@ -45,9 +42,8 @@ class MTADRejectionSampler(RejectionSampler):
         self.runner = runner
         self.mtad = mtad
         self._settings: dict[str, tuple[float, bool]] = {}  # req_id -> (τ, exact greedy)
-        self._warned_missing_draft = False
         # Where each verify step's draft log-probs came from (read with drafter_stats()).
-        self.stats = {"draft_probs_channel": 0, "draft_store": 0, "no_draft_probs": 0}
+        self.stats = {"draft_probs_channel": 0, "draft_store": 0}
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
         assert metadata.max_spec_len <= vllm_rs.MAX_SPEC_LEN
@@ -101,6 +97,13 @@ class MTADRejectionSampler(RejectionSampler):
 
         tau, exact = self._request_settings(req_ids)
         seeds = self.runner.drafter.request_seeds(req_ids)
+        if len(req_ids) < B:
+            # Rows without a request: vLLM's warm-up (_dummy_sampler_run, profile_run) calls
+            # the sampler on a dummy batch with an empty input batch.
+            pad = B - len(req_ids)
+            tau += [self.mtad.acceptance_threshold] * pad
+            exact += [False] * pad
+            seeds += [0] * pad
         draft_lp = self._draft_logprobs(draft_probs, target, req_ids)
         positions = torch.from_numpy(ib.num_computed_tokens_cpu[:B].astype("int64")) + 1
         to = lambda x, dtype: torch.tensor(x, dtype=dtype).to(dev, non_blocking=True)  # noqa: E731
@@ -139,21 +142,15 @@ class MTADRejectionSampler(RejectionSampler):
             self.stats["draft_probs_channel"] += 1
             return torch.where(target.valid, draft_probs[target.flat, 0],
                                torch.zeros((), device=target.device))
-        found = self.runner.drafter.drafts.lookup(list(req_ids), target.drafts)
-        if found is not None:
-            # A row whose scheduled drafts are not the stored ones (never seen) is treated as
-            # below: q = 1.
-            logprobs, matches = found
-            self.stats["draft_store"] += 1
-            return torch.where(matches[:, None], logprobs, 0.0)
-        # Drafts without their probabilities (not from this drafter): treated as q = 1, i.e.
-        # accepted while the target's joint probability passes τ.
-        self.stats["no_draft_probs"] += 1
-        if not self._warned_missing_draft:
-            logger.warning("vllm-mtad: drafts without draft probabilities in this step; "
-                           "accepting them on the target's alone")
-            self._warned_missing_draft = True
-        return torch.zeros(target.B, target.gamma, device=target.device)
+        if len(req_ids) < target.B:  # vLLM's warm-up on a dummy batch: nothing to look up
+            return torch.zeros(target.B, target.gamma, device=target.device)
+        # A request missing from vLLM's last round (skipped by the scheduler for a step):
+        # each request's own latest draft. A row whose scheduled drafts are not the stored
+        # ones (never seen) gets q = 1, i.e. is accepted while the target's joint probability
+        # passes τ.
+        logprobs, matches = self.runner.drafter.drafts.lookup(list(req_ids), target.drafts)
+        self.stats["draft_store"] += 1
+        return torch.where(matches[:, None], logprobs, 0.0)
 
 
 class _FlatTarget:
@@ -164,9 +161,12 @@ class _FlatTarget:
     sampling constraints (greedy rows compare unprocessed distributions) and after them
     (sampled rows), and the argmax. When every sampled request uses top-k (the paper's
     setting), the processed distribution comes from one k-selection per row
-    (vllm_mtad.core.processing.draft_candidates, the same rule as vLLM's
-    apply_sampling_constraints) instead of vLLM's full sort; otherwise, and when processed
-    logprobs are requested, from vLLM's apply_sampling_constraints itself.
+    (vllm_mtad.core.processing.draft_candidates, the rule the draft side uses) instead of
+    vLLM's full sort; otherwise, and when processed logprobs are requested, from vLLM's
+    apply_sampling_constraints itself. The two agree but for the order among tokens with equal
+    logits at the top-p boundary: vLLM's CPU sort is unstable (its choice there is arbitrary),
+    the k-selection path uses the stable order of processed_logprobs, so the target's p̃ and
+    the draft's q̃ break such ties the same way.
     """
 
     def __init__(self, metadata, target_logits: torch.Tensor, sampling_metadata, runner,

@@ -118,8 +118,8 @@ def gumbel(keys: torch.Tensor, num_cols: int) -> torch.Tensor:
     the same values; small ones run eagerly.
     """
     global _compiled
-    # Below the threshold (2**20 elements by default), eager is cheaper than a compiled call,
-    # and tests on tiny vocabularies never trigger a compilation.
+    # Below the threshold (2**15 elements by default) a draw is cheap enough eagerly that a
+    # one-time compilation does not pay; the tiny vocabularies of the tests stay eager.
     if keys.numel() * num_cols >= envs.noise_compile_min_elements():
         kernel = _dense_kernel()
         if kernel:
