@@ -95,3 +95,14 @@ def test_demo_tiny(tmp_path):
     assert table[0].startswith("| method |") and len(table) == 4  # header + 3 methods
     mtad_row = table[-1].split("|")
     assert "MTAD" in mtad_row[1] and 1 <= float(mtad_row[4]) <= 5
+
+
+def test_vocab_kernels_runs(tmp_path):
+    """The kernel benchmark runs and reports every piece (its figures are for reading, not for
+    asserting: speed is measured by the benchmark, not by a test)."""
+    run_module(["benchmarks.vocab_kernels", "--batches", "1", "--repeats", "1", "--out",
+                str(tmp_path / "out")], tmp_path)
+    data = json.loads((tmp_path / "out" / "vocab_kernels.json").read_text())
+    assert data["vocab_size"] == 151_936
+    assert len(data["rows"]) == 6 and all(r["ms"] > 0 and r["rows"] == 4 for r in data["rows"])
+    assert (tmp_path / "out" / "vocab_kernels.md").read_text().count("\n|") == 7

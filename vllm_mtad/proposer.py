@@ -181,9 +181,9 @@ class MTADProposer(DraftModelProposer):
         if plan.num_candidates is None:
             self.stats["dense_rounds"] += 1
         elif bool(overflow.any()):
-            # Ties at some row's k-th value reach past the candidates (a host sync once per
-            # round, on an adversarial input): redo the round with every token. The beams'
-            # KV is rewritten by the redo before anything reads it.
+            # Ties at some row's k-th value reach past the candidates (rare: the slack grows
+            # with k; a host read once per round, after the beam loop): redo the round with
+            # every token. The beams' KV is rewritten by the redo before anything reads it.
             self.stats["dense_redos"] += 1
             tokens, draft_logprobs, _ = self._draft_round(
                 ctx, logits, replace(plan, num_candidates=None))
