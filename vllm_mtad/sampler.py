@@ -3,9 +3,11 @@
 A subclass of vLLM's classic RejectionSampler. Its ``forward`` follows vLLM's own
 ``RejectionSampler.forward`` (vllm/v1/sample/rejection_sampler.py, vLLM 0.32) step for step —
 the bonus token from vLLM's Sampler, the logits processors on the target (penalties, bad words,
-allowed tokens, min_tokens), temperature/top-k/top-p by vLLM's ``apply_sampling_constraints``,
-logprobs by vLLM's ``_get_logprobs_tensors`` — and swaps one call: vLLM's ``rejection_sample``
-for vllm_mtad.core's :func:`~vllm_mtad.core.acceptance.mtad_accept` (the longest draft prefix
+allowed tokens, min_tokens), logprobs by vLLM's ``_get_logprobs_tensors`` — and swaps two calls:
+temperature/top-k/top-p by one k-selection per row when every sampled request uses top-k (the
+rule of vLLM's ``apply_sampling_constraints``, which runs otherwise; see :class:`_FlatTarget`),
+and vLLM's ``rejection_sample`` for vllm_mtad.core's
+:func:`~vllm_mtad.core.acceptance.mtad_accept` (the longest draft prefix
 whose joint likelihood ratio p̃/q̃ passes τ, then one token from p̃ at the next position; vLLM's
 bonus token when the whole draft is accepted). Greedy rows compare unprocessed target
 distributions (after logits processors, before temperature/top-k/top-p), or, in "exact" mode,
@@ -90,9 +92,7 @@ class MTADRejectionSampler(RejectionSampler):
         B, gamma, dev = target.B, target.gamma, target.device
         ib = self.runner.input_batch
         req_ids = ib.req_ids[:B]
-        temp = (torch.zeros(B, device=dev) if sampling_metadata.temperature is None
-                else sampling_metadata.temperature[:B].to(torch.float32))
-        greedy = is_greedy(temp)
+        greedy = ~target.sampled
         drafts = target.drafts  # [B, γ], -1 past each request's own count
 
         tau, exact = self._request_settings(req_ids)
