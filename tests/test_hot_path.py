@@ -243,3 +243,9 @@ def test_per_step_functions_never_read_the_device():
     # And the check can fail: a host read on meta raises.
     with pytest.raises(Exception):
         bool(greedy.any())
+
+
+def test_bad_noise_threshold_names_the_variable(monkeypatch):
+    monkeypatch.setenv("VLLM_MTAD_NOISE_COMPILE_MIN_ELEMENTS", "lots")
+    with pytest.raises(ValueError, match="VLLM_MTAD_NOISE_COMPILE_MIN_ELEMENTS='lots'"):
+        envs.noise_compile_min_elements()

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.seeded_workload import run
 
@@ -62,3 +63,29 @@ def test_seeded_tokens_unchanged_with_the_compiled_noise_kernel(tiny_pair_dirs, 
     (now,) = run(*tiny_pair_dirs)
     assert noise._compiled, "the compiled kernel was not used (compilation failed?)"
     assert now == before
+
+
+def test_tie_overflow_falls_back_to_the_same_tokens(tiny_pair_dirs, monkeypatch):
+    """When a row's ties at its k-th value reach past the candidates (bf16 logits can do
+    that), the drafter redoes its round densely and the sampler takes vLLM's dense path. The
+    tiny pair's float32 logits never tie, so every sparse call is flagged here: the top-k batch
+    must still give the recorded tokens, through the fallbacks."""
+    from vllm_mtad import proposer, sampler
+    from vllm_mtad.core.processing import draft_candidates
+
+    def flagged(*args, **kwargs):
+        c = draft_candidates(*args, **kwargs)
+        if c.token_ids is not None:
+            c.overflow = torch.ones_like(c.overflow)
+        return c
+
+    monkeypatch.setattr(proposer, "draft_candidates", flagged)
+    monkeypatch.setattr(sampler, "draft_candidates", flagged)
+    from tests.seeded_workload import requests
+
+    before = json.loads(RECORDED.read_text())["tokens"]
+    n = len(requests([0]))
+    stats = []
+    (sparse,) = run(*tiny_pair_dirs, batches=(SPARSE,), stats=stats)
+    assert sparse == [before[i * n + j] for i in SPARSE for j in range(n)]
+    assert stats[0]["dense_redos"] == stats[0]["rounds"] > 0

@@ -27,4 +27,9 @@ def compile_noise() -> bool:
 def noise_compile_min_elements() -> int:
     """VLLM_MTAD_NOISE_COMPILE_MIN_ELEMENTS: the size from which dense noise runs compiled
     (default 2**15; tests lower it to run the compiled kernel on tiny vocabularies)."""
-    return int(os.environ.get("VLLM_MTAD_NOISE_COMPILE_MIN_ELEMENTS", 1 << 15))
+    raw = os.environ.get("VLLM_MTAD_NOISE_COMPILE_MIN_ELEMENTS", str(1 << 15))
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ValueError(f"VLLM_MTAD_NOISE_COMPILE_MIN_ELEMENTS={raw!r} is not a whole number; "
+                         "set it to an element count such as 32768, or unset it") from exc

@@ -161,17 +161,15 @@ class MTADProposer(DraftModelProposer):
         # Host-side, per round: the requests' settings (from vLLM's own host arrays).
         ib = self.runner.input_batch
         req_ids = ib.req_ids[:B]
-        greedy_host = (ib.temperature_cpu[:B] < GREEDY_TEMPERATURE).tolist()
         seeds = torch.tensor(self.request_seeds(req_ids), dtype=torch.int64).to(dev)
         temp, top_k, top_p = _row_sampling_params(sampling_metadata, B, dev)
         greedy = is_greedy(temp)
-        any_sampled = not all(greedy_host)
 
         p = self.positions[token_indices].to(torch.int64)  # [B] position of the bonus token
         logits = self.model.compute_logits(self._first_hidden)  # [B, V]
         V = logits.shape[-1]
-        plan = plan_candidates(V, W, greedy_host, ib.top_k_cpu[:B].tolist(),
-                               ib.top_p_cpu[:B].tolist())
+        greedy_host, plan = plan_for_batch(ib, B, V, W)
+        any_sampled = not all(greedy_host)
         ctx = _Round(B, W, gamma, V, dev, temp, top_k, top_p, greedy, seeds, p + 1, any_sampled,
                      cad)
         beams_started = time.perf_counter()
@@ -312,6 +310,16 @@ class _Round:
 
 def _beams(token_ids: torch.Tensor | None, B: int, W: int) -> torch.Tensor | None:
     return None if token_ids is None else token_ids.view(B, W, -1)
+
+
+def plan_for_batch(input_batch, num_rows: int, vocab_size: int, beam_width: int
+                   ) -> tuple[list[bool], CandidatePlan]:
+    """Per batch, on the host: which rows are greedy, and how draft_candidates processes them,
+    from vLLM's own host arrays (temperature_cpu, top_k_cpu, top_p_cpu; no device read)."""
+    greedy = (input_batch.temperature_cpu[:num_rows] < GREEDY_TEMPERATURE).tolist()
+    return greedy, plan_candidates(vocab_size, beam_width, greedy,
+                                   input_batch.top_k_cpu[:num_rows].tolist(),
+                                   input_batch.top_p_cpu[:num_rows].tolist())
 
 
 def drafter_stats(worker) -> dict:

@@ -34,8 +34,8 @@ from vllm.v1.sample.rejection_sampler import RejectionSampler
 
 from vllm_mtad.config import MTADConfig, request_settings
 from vllm_mtad.core import is_greedy, mtad_accept
-from vllm_mtad.core.processing import (GREEDY_TEMPERATURE, Candidates, draft_candidates,
-                                       plan_candidates)
+from vllm_mtad.core.processing import Candidates, draft_candidates
+from vllm_mtad.proposer import plan_for_batch
 
 
 class MTADRejectionSampler(RejectionSampler):
@@ -185,8 +185,6 @@ class _FlatTarget:
         self.drafts = torch.where(self.valid, tok[self.flat], torch.full_like(self.flat, -1))
         tok = tok.clamp(min=0)  # (the rule ends a chain at -1; any value will do to gather)
 
-        ib = runner.input_batch
-        greedy_host = (ib.temperature_cpu[:B] < GREEDY_TEMPERATURE).tolist()
         temp = (torch.zeros(B, device=dev) if sampling_metadata.temperature is None
                 else sampling_metadata.temperature[:B].to(torch.float32))
         self.sampled = ~is_greedy(temp)  # [B]
@@ -202,15 +200,14 @@ class _FlatTarget:
         self.cands = None  # Candidates over the N rows, when sparse
         self.processed_logits = None  # [N, V], when dense
         if not sampling_metadata.all_greedy:
-            plan = plan_candidates(self.V, 1, greedy_host, ib.top_k_cpu[:B].tolist(),
-                                   ib.top_p_cpu[:B].tolist())
+            _, plan = plan_for_batch(runner.input_batch, B, self.V, 1)
             if plan.num_candidates is not None and not need_processed_logits:
                 cands = draft_candidates(target_logits, per_token(temp),
                                          per_token(sampling_metadata.top_k),
                                          per_token(sampling_metadata.top_p),
                                          replace(plan, any_greedy=False))
-                # Ties at a row's k-th value past the K candidates (adversarial): vLLM's
-                # dense path instead. One host sync per step, only on top-k batches.
+                # Ties at a row's k-th value past the K candidates (rare: the slack grows
+                # with k): vLLM's dense path instead. One host sync per step, only on top-k batches.
                 if not bool(cands.overflow.any()):
                     self.cands = cands
             if self.cands is not None:
