@@ -17,7 +17,9 @@ PATCH_MODULES = (
     "engine.patch_config_vllm",
     "engine.patch_input_processor",
     "worker.patch_cpu_triton_utils",
+    "worker.patch_cpu_worker",
     "worker.patch_gpu_model_runner",
+    "worker.patch_gpu_worker",
     "worker.patch_phase_timers",
 )
 

@@ -9,71 +9,109 @@ import random
 import pytest
 import torch
 
-from vllm_mtad.beam_kv import BeamKVLayout, lookahead_tokens, tail_blocks
+from vllm_mtad.beam_kv import BeamKVLayout, scratch_blocks, tail_blocks
 
 pytestmark = pytest.mark.core
 
-PREFIX = 1_000_000  # cache value of prefix position i: PREFIX + i; beam tokens are < PREFIX
+PREFIX = 1_000_000  # cache value of request b's prefix position i: PREFIX·(b+1) + i
+POOL = 64  # the shared pool's blocks; draft-only scratch blocks follow at POOL ..
 
 
-def simulate(p, gamma, W, bs, spare_blocks, seed, max_model_len=10_000):
+def simulate(ps, gamma, W, bs, seed, scratch_rows=None, max_model_len=10_000):
+    """Batch rows with bonus positions ``ps`` on one toy paged cache (one "layer": the draft's,
+    with POOL + scratch blocks). Returns each row's beam width."""
     rng = random.Random(seed)
-    num_blocks_total = 64
-    cache = torch.full((num_blocks_total, bs), -1, dtype=torch.int64)  # one "layer"
-    # The request owns blocks in a shuffled order (paged: not contiguous).
-    ids = list(range(1, num_blocks_total))
+    B = len(ps)
+    scratch_rows = B if scratch_rows is None else scratch_rows
+    S = scratch_blocks(scratch_rows, gamma, W, bs)
+    cache = torch.full((POOL + S, bs), -1, dtype=torch.int64)
+    # The requests own blocks in a shuffled order (paged: not contiguous); each owns what
+    # vLLM's lookahead (γ slots past the bonus token) gives it, nothing more.
+    ids = list(range(1, POOL))
     rng.shuffle(ids)
-    owned = (p + 1 + gamma) // bs + 1 + spare_blocks
-    table = torch.tensor([ids[:owned] + [0] * (24 - owned)])
-    for pos in range(p + 1):  # the prefix, including the bonus token at p
-        cache[table[0, pos // bs], pos % bs] = PREFIX + pos
-    layout = BeamKVLayout(table, torch.tensor([owned]), torch.tensor([p]), gamma, W, bs,
-                          max_model_len)
-    width = int(layout.row_beam_width[0])
-    histories = [[]]  # token history of each previous-step beam (root: empty)
-    parents = torch.zeros(1, W, dtype=torch.int64)
+    owned = [(p + gamma) // bs + 1 for p in ps]
+    C = max(owned) + 2
+    rows, start = [], 0
+    for n in owned:
+        rows.append(ids[start:start + n] + [0] * (C - n))
+        start += n
+    table = torch.tensor(rows)
+    for b, p in enumerate(ps):
+        for pos in range(p + 1):  # the prefix, including the bonus token at p
+            cache[table[b, pos // bs], pos % bs] = PREFIX * (b + 1) + pos
+    before = cache[:POOL].clone()
+    layout = BeamKVLayout(table, torch.tensor(owned), torch.tensor(ps), gamma, W, bs,
+                          max_model_len, POOL, scratch_rows)
+    widths = [int(x) for x in layout.row_beam_width]
+    histories = [[[]] for _ in range(B)]  # token history of each previous-step beam
+    parents = torch.zeros(B, W, dtype=torch.int64)
     for t in range(2, gamma + 1):
         kv = layout.step(parents, t)
         # Copies first (gather, then scatter), then each live beam writes its token.
         cache[kv.copy_dst] = cache[kv.copy_src].clone()
-        new_hist = [histories[int(parents[0, w])] + [rng.randrange(1000)] for w in range(W)]
-        for w in range(W):
-            slot = int(kv.slot_mapping[w])
-            if w < width:
-                assert slot >= 0
-                cache.view(-1)[slot] = new_hist[w][-1]
-            else:
-                assert slot == -1  # beams beyond the row's width never write
-        # Every live beam reads prefix + its history through its own block table row.
-        wpos = p + t - 1
-        for w in range(width):
-            bt = kv.block_table[w].long()
-            seen = [int(cache[bt[q // bs], q % bs]) for q in range(wpos + 1)]
-            assert seen == [PREFIX + q for q in range(p + 1)] + new_hist[w], (t, w)
-            assert int(kv.seq_lens[w]) == wpos + 1 and int(kv.positions[w]) == wpos
-        # The request's own prefix blocks are never touched.
-        for q in range(p + 1):
-            assert int(cache[table[0, q // bs], q % bs]) in (PREFIX + q,) or q // bs == (p + 1) // bs
+        new_hist = [[histories[b][int(parents[b, w])] + [rng.randrange(1000)] for w in range(W)]
+                    for b in range(B)]
+        for b in range(B):
+            for w in range(W):
+                slot = int(kv.slot_mapping[b * W + w])
+                if w < widths[b]:
+                    assert slot >= 0
+                    cache.view(-1)[slot] = new_hist[b][w][-1]
+                else:
+                    assert slot == -1  # beams beyond the row's width never write
+        # Every live beam reads its request's prefix + its own history through its own
+        # block table row.
+        for b, p in enumerate(ps):
+            wpos = p + t - 1
+            for w in range(widths[b]):
+                bt = kv.block_table[b * W + w].long()
+                assert bool((bt < POOL + S).all())
+                seen = [int(cache[bt[q // bs], q % bs]) for q in range(wpos + 1)]
+                want = [PREFIX * (b + 1) + q for q in range(p + 1)] + new_hist[b][w]
+                assert seen == want, (b, t, w)
+                assert int(kv.seq_lens[b * W + w]) == wpos + 1
+                assert int(kv.positions[b * W + w]) == wpos
+            # Beams beyond the width read only real blocks (their rows still run).
+            for w in range(widths[b], W):
+                assert bool((kv.block_table[b * W + w].long() < POOL + S).all())
+        # The requests' prefix slots are never touched: beams write past p, and beams
+        # w >= 1 write in scratch blocks only.
+        for b, p in enumerate(ps):
+            for q in range(p + 1):
+                blk = table[b, q // bs]
+                assert int(cache[blk, q % bs]) == int(before[blk, q % bs])
         histories = new_hist
-        live = max(width, 1)
-        parents = torch.tensor([[rng.randrange(live) for _ in range(W)]])
-    return width, layout
+        parents = torch.tensor([[rng.randrange(max(widths[b], 1)) for _ in range(W)]
+                                for b in range(B)])
+    return widths, layout
 
 
 @pytest.mark.parametrize("p", [0, 5, 30, 31, 32, 62, 95])
 @pytest.mark.parametrize("gamma,W,bs", [(4, 4, 32), (6, 3, 4), (9, 2, 4), (2, 4, 8)])
 def test_each_beam_reads_its_own_history(p, gamma, W, bs):
-    spare = (W - 1) * tail_blocks(gamma, bs)
     for seed in range(5):
-        width, _ = simulate(p, gamma, W, bs, spare, seed)
-        assert width == W
+        widths, _ = simulate([p], gamma, W, bs, seed)
+        assert widths == [W]
 
 
-def test_fallback_to_fewer_beams_without_room():
-    width, layout = simulate(p=30, gamma=4, W=4, bs=8, spare_blocks=0, seed=0)
-    assert width == 1
-    width, _ = simulate(p=30, gamma=4, W=4, bs=8, spare_blocks=2 * tail_blocks(4, 8), seed=0)
-    assert width == 3
+@pytest.mark.parametrize("gamma,W,bs", [(4, 4, 32), (6, 3, 4), (3, 8, 2)])
+def test_rows_of_one_batch_share_the_scratch_without_collisions(gamma, W, bs):
+    """Rows at every offset within a block (some crossing a block boundary, some not), drafted
+    together: each beam still reads exactly its own request's prefix and its own history."""
+    for seed in range(3):
+        ps = [seed * 7 + k for k in range(bs + 3)]
+        widths, layout = simulate(ps, gamma, W, bs, seed)
+        assert widths == [W] * len(ps)
+        scratch = layout.own[:, 1:].reshape(-1)
+        assert len(set(scratch.tolist())) == scratch.numel()  # private blocks, all distinct
+        assert int(scratch.min()) >= POOL
+
+
+def test_rows_without_scratch_room_draft_one_beam():
+    widths, _ = simulate([30, 31, 40], gamma=4, W=4, bs=8, seed=0, scratch_rows=2)
+    assert widths == [4, 4, 1]
+    widths, _ = simulate([30], gamma=4, W=4, bs=8, seed=0, scratch_rows=0)
+    assert widths == [1]
 
 
 def test_only_partial_tail_blocks_are_copied():
@@ -81,7 +119,7 @@ def test_only_partial_tail_blocks_are_copied():
     for p in (40, 4000):
         table = torch.arange(1, 201)[None]
         layout = BeamKVLayout(table, torch.tensor([200]), torch.tensor([p % 3000]), 4, 4, 16,
-                              100_000)
+                              100_000, 201, 1)
         parents = torch.zeros(1, 4, dtype=torch.int64)
         kv = layout.step(parents, 2)
         assert int(kv.num_copies) <= 3
@@ -89,7 +127,7 @@ def test_only_partial_tail_blocks_are_copied():
         assert int(real.sum()) == int(kv.num_copies) and bool((kv.copy_dst[~real] == 0).all())
 
 
-def test_lookahead_covers_w_tails():
-    assert lookahead_tokens(4, 1, 128) == 5
-    assert lookahead_tokens(4, 4, 128) == 5 + 3 * 2 * 128
+def test_scratch_is_bounded_by_rows_not_blocks():
+    assert scratch_blocks(32, 4, 4, 32) == 32 * 3 * 2
+    assert scratch_blocks(8, 4, 1, 32) == 0 and scratch_blocks(8, 1, 4, 32) == 0
     assert tail_blocks(2, 16) == 1 and tail_blocks(3, 16) == 2 and tail_blocks(40, 16) == 4

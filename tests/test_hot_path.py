@@ -221,7 +221,7 @@ def test_per_step_functions_never_read_the_device():
 
     layout = BeamKVLayout(torch.empty(B, 16, dtype=torch.int32, device=meta),
                           torch.empty(B, dtype=torch.int64, device=meta), pos, gamma, W, 16,
-                          4096)
+                          4096, 64, B)
     c = draft_candidates(torch.empty(B, V, device=meta), temp, top_k, top_p, plan)
     state = beam_step(c.logprobs[:, None], None, W, greedy, seeds, pos + 1, 1,
                       layout.row_beam_width, c.token_ids[:, None], V, any_sampled=True)

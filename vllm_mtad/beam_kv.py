@@ -9,14 +9,17 @@ Design (DESIGN.md §2):
 - every beam's block-table row points at the request's own blocks for the shared prefix:
   forking is by reference, no prefix copy;
 - the tail columns j0 = (p+1)//bs .. c_last = (p+γ-1)//bs, where beams write, are private:
-  beam 0 uses the request's own blocks there (its writes beyond the accepted length are
-  rewritten by the next round's catch-up pass before anyone reads them), beam w >= 1 uses
-  blocks the request owns *after* c_last (reserved by an enlarged scheduler lookahead);
+  beam 0 uses the request's own blocks there (the slots vLLM's own draft chain writes, within
+  vLLM's lookahead γ; its writes beyond the accepted length are rewritten by the next round's
+  catch-up pass before anyone reads them), beam w >= 1 uses *draft-only scratch blocks*: block
+  ids past the shared pool's that exist in the draft layers' KV tensors only
+  (vllm_mtad.draft_scratch), a fixed range of ``tail_blocks`` blocks per beam per batch row, so
+  the scheduler reserves nothing for the beams and the target's layers hold no beam tails;
 - when a beam is forked or re-parented, only the block that holds the write position is
   copied from the parent (copy-on-write of the partially filled tail block); columns the
   parent has already filled are shared by reference (full blocks are never written again);
-- a request without room for W private tails drafts with fewer beams (down to one), decided per
-  row on the device without a host sync; the plan's tensors have fixed sizes (no masked
+- a batch row without scratch room (none when the scratch is sized for max_num_seqs rows) drafts
+  with one beam, decided per row on the device without a host sync; the plan's tensors have fixed sizes (no masked
   indexing), so planning a step never waits for the device.
 """
 
@@ -38,10 +41,11 @@ def tail_blocks(gamma: int, block_size: int) -> int:
     return 1 if n <= 1 else (n - 2) // block_size + 2
 
 
-def lookahead_tokens(gamma: int, beam_width: int, block_size: int) -> int:
-    """KV slots the scheduler must reserve past a request's tokens for γ steps of W beams:
-    vLLM's γ for the chain (plus one slot of slack), then W-1 private tails of whole blocks."""
-    return gamma + 1 + (beam_width - 1) * tail_blocks(gamma, block_size) * block_size
+def scratch_blocks(num_rows: int, gamma: int, beam_width: int, block_size: int) -> int:
+    """Draft-only blocks for the private tails of beams 1..W-1 of ``num_rows`` batch rows."""
+    if gamma < 2 or beam_width < 2:
+        return 0
+    return num_rows * (beam_width - 1) * tail_blocks(gamma, block_size)
 
 
 @dataclass
@@ -74,11 +78,13 @@ class BeamKVLayout:
         bonus_positions: [B] int64, p.
         gamma: draft length; beam_width: W; block_size: bs; max_model_len: positions at or
             beyond it are never written.
+        scratch_base: first draft-only block id; scratch_rows: batch rows with scratch room
+            (row b's beam w >= 1 owns blocks scratch_base + ((b·(W-1) + w-1)·tail_blocks + i)).
     """
 
     def __init__(self, block_table: torch.Tensor, num_blocks: torch.Tensor,
                  bonus_positions: torch.Tensor, gamma: int, beam_width: int, block_size: int,
-                 max_model_len: int):
+                 max_model_len: int, scratch_base: int, scratch_rows: int):
         B, C = block_table.shape
         W, bs = beam_width, block_size
         self.B, self.C, self.W, self.bs, self.gamma = B, C, W, bs, gamma
@@ -92,18 +98,20 @@ class BeamKVLayout:
         c_last = (self.p + max(gamma - 1, 1)) // bs  # [B] last tail column
         self.nb = c_last - self.j0 + 1  # [B] tail columns per beam
         self.nb_max = tail_blocks(gamma, bs)
-        # Spare columns after the tail, in units of one beam's tail: [B]
-        spare = (num_blocks - 1 - c_last).clamp(min=0) // self.nb
-        self.row_beam_width = torch.minimum(spare + 1, torch.full_like(spare, W))  # [B]
+        rows = torch.arange(B, device=dev)
+        self.row_beam_width = torch.where(rows < scratch_rows, W, 1)  # [B]
 
         # own[b, w, i]: the block beam w writes in tail column j0 + i.  [B, W, nb_max]
         i = torch.arange(self.nb_max, device=dev)
         w = torch.arange(W, device=dev)
-        col = torch.where(w[None, :, None] == 0,
-                          self.j0[:, None, None] + i[None, None, :],
-                          c_last[:, None, None] + 1
-                          + (w[None, :, None] - 1) * self.nb[:, None, None] + i[None, None, :])
-        self.own = self.block_table.gather(1, col.clamp(max=C - 1).reshape(B, -1)).reshape(B, W, -1)
+        col = (self.j0[:, None, None] + i[None, None, :]).clamp(max=C - 1).expand(B, W, -1)
+        request_blocks = self.block_table.gather(1, col.reshape(B, -1)).reshape(B, W, -1)
+        scratch = (scratch_base + ((rows[:, None, None] * (W - 1) + w[None, :, None] - 1)
+                                   * self.nb_max + i[None, None, :]))
+        # Rows without scratch room keep the request's blocks for every beam: their beams
+        # w >= 1 neither write nor copy (they are not live), and read only valid blocks.
+        private = (w[None, :, None] > 0) & (rows < scratch_rows)[:, None, None]
+        self.own = torch.where(private, scratch, request_blocks)
         # The previous step's tables for the tail columns: one root beam = beam 0's blocks.
         self.tab = self.own[:, :1].clone()  # [B, W_prev, nb_max]
 

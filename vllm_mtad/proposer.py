@@ -4,7 +4,8 @@ A subclass of vLLM's DraftModelProposer. Its first pass is vLLM's own (the draft
 the tokens the target just verified and yields the logits for the first draft position); the
 W beams of every request then run as B·W rows of one draft forward per step, their KV placed
 by :class:`vllm_mtad.beam_kv.BeamKVLayout` (prefix shared by block-table reference, copy-on-write
-of the partially filled tail block, in the draft layers only). The beam arithmetic is
+of the partially filled tail block, beams 1..W-1 in draft-only scratch blocks from
+:mod:`vllm_mtad.draft_scratch`; everything in the draft layers only). The beam arithmetic is
 vllm_mtad.core's. The chosen beam's tokens go back to the runner; their draft log-probabilities
 go to :class:`vllm_mtad.sampler.MTADRejectionSampler` on the device through vLLM's own
 ``draft_probs`` channel (``take_last_draft_probs``), with a per-request store for the rare step
@@ -98,6 +99,7 @@ class MTADProposer(DraftModelProposer):
         self.runner = runner  # the base class takes but does not keep it
         self.mtad = from_additional_config(vllm_config.additional_config)
         self.drafts = DraftStore()
+        self.scratch = None  # draft_scratch.ScratchPlan, set when the KV cache is allocated
         self._seeds: dict[str, int] = {}
         self._capture = False
         self._first_pass = None  # (token_indices_to_sample, common_attn_metadata)
@@ -207,9 +209,12 @@ class MTADProposer(DraftModelProposer):
             with phase("beam_kv"):
                 bt = self.runner.input_batch.block_table[self.kv_cache_gid]
                 num_blocks = torch.from_numpy(bt.num_blocks_per_row[:B].copy()).to(ctx.device)
+                scratch = self.scratch
+                room = scratch is not None and scratch.base is not None
                 layout = BeamKVLayout(ctx.cad.block_table_tensor[:B].clone(), num_blocks,
                                       ctx.first_pos - 1, ctx.gamma, W, self.block_size,
-                                      self.max_model_len)
+                                      self.max_model_len, scratch.base if room else 0,
+                                      scratch.rows if room else 0)
                 row_width = layout.row_beam_width
                 self._device_stats["narrowed_rows"] += (row_width < W).sum()
 
@@ -328,7 +333,10 @@ def drafter_stats(worker) -> dict:
     if not isinstance(drafter, MTADProposer):
         return {}
     sampler = getattr(worker.model_runner, "rejection_sampler", None)
+    scratch = drafter.scratch
     return (dict(drafter.stats) | {k: int(v) for k, v in drafter._device_stats.items()}
+            | {"draft_scratch_bytes": scratch.bytes if scratch else 0,
+               "draft_scratch_blocks": scratch.blocks if scratch else 0}
             | {"sampler_" + k: v for k, v in getattr(sampler, "stats", {}).items()})
 
 

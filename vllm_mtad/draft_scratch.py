@@ -1,0 +1,179 @@
+"""Draft-only KV room for the beams' private tails.
+
+The scheduler hands out blocks of one pool that every layer shares (one block table; vLLM
+0.32's ``allocate_kv_cache`` views one backing allocation with one block count). MTAD's beams
+1..W-1 need private tail blocks for γ-1 positions, but only in the *draft* layers. So the draft
+layers get ``S`` blocks more than the pool, ids ``num_blocks .. num_blocks + S - 1``, which the
+scheduler never sees and the target's layers do not have:
+
+- ``S = max_num_seqs · (W-1) · tail_blocks(γ, block_size)`` (vllm_mtad.beam_kv.scratch_blocks):
+  every batch row of a draft step owns a fixed range, so no row ever lacks room and no
+  allocation happens per step;
+- the bytes, ``S`` times the draft layers' page sizes, are taken off the memory the worker
+  reports for the KV cache *before* vLLM sizes its pool (so the pool plus the scratch fit the
+  budget or the profiled free memory), and stated in one startup log line;
+- the backing allocation grows by those bytes: the draft layers, which vLLM places last in a
+  layer-outermost layout, are re-based so that each spans ``num_blocks + S`` pages, and their
+  views get ``num_blocks + S`` blocks. The target layers' views are unchanged.
+
+Requires a layer-outermost KV cache layout with the draft layers last in their backing tensor
+(vLLM's CPU layout, and its default ``LBHNC``/``LBNHC`` layouts); anything else fails at startup
+with a message naming ``VLLM_KV_CACHE_LAYOUT``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, replace
+
+import torch
+
+from vllm_mtad.beam_kv import scratch_blocks, tail_blocks
+from vllm_mtad.log import get_logger
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class ScratchPlan:
+    draft_layers: list[str]
+    blocks: int  # S
+    rows: int  # batch rows with room (max_num_seqs)
+    bytes: int  # S · Σ draft page bytes
+    beam_width: int
+    tail_blocks: int
+    base: int | None = None  # first scratch block id = the pool's num_blocks, once allocated
+
+
+def plan_for(runner) -> ScratchPlan | None:
+    """The scratch an MTAD runner needs (None for other runners, or when W = 1 or γ = 1)."""
+    from vllm_mtad.proposer import MTADProposer
+
+    drafter = getattr(runner, "drafter", None)
+    if not isinstance(drafter, MTADProposer):
+        return None
+    cfg = drafter.mtad
+    rows = runner.scheduler_config.max_num_seqs
+    block_size = runner.cache_config.block_size
+    blocks = scratch_blocks(rows, cfg.num_speculative_tokens, cfg.beam_width, block_size)
+    if blocks == 0:
+        return None
+    layers = sorted(drafter._draft_attn_layer_names)
+    specs = runner.get_kv_cache_spec()
+    page_bytes = sum(specs[name].page_size_bytes for name in layers)
+    return ScratchPlan(layers, blocks, rows, blocks * page_bytes, cfg.beam_width,
+                       tail_blocks(cfg.num_speculative_tokens, block_size))
+
+
+def reserve(runner, available: int) -> int:
+    """The memory left for vLLM's KV pool once the scratch is set aside (the worker's
+    ``determine_available_memory``)."""
+    plan = plan_for(runner)
+    if plan is None:
+        return available
+    layout = runner.cache_config.get_resolved_kv_cache_layout()
+    if not layout.is_layer_compact:
+        raise ValueError(
+            f"MTAD keeps the beams' private KV tails in draft-only blocks and needs a "
+            f"layer-outermost KV cache layout; this engine resolved {layout.name}. Set "
+            "VLLM_KV_CACHE_LAYOUT to LBHNC or LBNHC (or use beam_width 1).")
+    left = available - plan.bytes
+    specs = runner.get_kv_cache_spec()
+    block_bytes = sum(spec.page_size_bytes for spec in specs.values())
+    max_len = runner.model_config.max_model_len
+    need = -(-max_len // runner.cache_config.block_size) * block_bytes  # one longest request
+    if left < need:
+        raise ValueError(
+            f"MTAD's draft-only KV room for the beams ({plan.bytes / 2**20:.2f} MiB: "
+            f"max_num_seqs {plan.rows} x (beam_width {plan.beam_width} - 1) x "
+            f"{plan.tail_blocks} blocks in {len(plan.draft_layers)} draft layers) leaves "
+            f"{max(left, 0) / 2**20:.2f} MiB of the {available / 2**20:.2f} MiB available for "
+            f"the KV cache, less than one request of max_model_len {max_len} needs "
+            f"({need / 2**20:.2f} MiB). Lower 'beam_width', max_num_seqs or max_model_len, or "
+            "give the KV cache more memory.")
+    return left
+
+
+def extend_config(kv_cache_config, plan: ScratchPlan) -> None:
+    """Rewrite ``kv_cache_config.kv_cache_tensors`` in place: the draft layers' pages move to
+    the end of the backing allocation, each layer spanning ``num_blocks + S`` pages."""
+    N = kv_cache_config.num_blocks
+    draft = set(plan.draft_layers)
+    tensors = kv_cache_config.kv_cache_tensors
+    size = tensors[0].size
+    holders = [t for t in tensors if draft & set(t.layers)]
+    ok = len(holders) == 1
+    if ok:
+        t = holders[0]
+        n_target = len([x for x in t.layers if x not in draft])
+        ok = (set(t.layers[n_target:]) == draft and t.layer_stride == N * t.block_stride
+              and t.offset + len(t.layers) * t.layer_stride == size)
+    if not ok:
+        raise ValueError(
+            "MTAD's draft-only beam blocks need the draft layers last in one layer-outermost "
+            "KV cache tensor at the end of the allocation; this vLLM laid the cache out "
+            f"otherwise ({[(t.layers, t.layer_stride, t.block_stride) for t in tensors]}). "
+            "Set VLLM_KV_CACHE_LAYOUT=LBHNC, or use beam_width 1.")
+    extra = len(draft) * plan.blocks * t.block_stride
+    new_size = size + extra
+    target_part = replace(t, size=new_size, layers=t.layers[:n_target]) if n_target else None
+    draft_part = replace(t, size=new_size, layers=t.layers[n_target:],
+                         offset=t.offset + n_target * t.layer_stride,
+                         layer_stride=(N + plan.blocks) * t.block_stride)
+    out = []
+    for x in tensors:
+        if x is t:
+            out += [p for p in (target_part, draft_part) if p is not None]
+        else:
+            out.append(replace(x, size=new_size))
+    kv_cache_config.kv_cache_tensors = out
+    plan.base = N
+    plan.bytes = extra
+
+
+def allocate(original, kv_cache_config, device, layout, kernel_block_sizes, plan: ScratchPlan):
+    """vLLM's ``allocate_kv_cache`` with the draft layers viewed over ``num_blocks + S`` blocks."""
+    from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs, create_kv_cache_views
+
+    extend_config(kv_cache_config, plan)
+    kv_caches = original(kv_cache_config, device, layout, kernel_block_sizes)
+    draft = set(plan.draft_layers)
+    tensor = next(t for t in kv_cache_config.kv_cache_tensors if draft & set(t.layers))
+    gid, group = next((i, g) for i, g in enumerate(kv_cache_config.kv_cache_groups)
+                      if tensor.layers[0] in g.layer_names)
+    spec = group.kv_cache_spec
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        spec = spec.kv_cache_specs[tensor.layers[0]]
+    storage = kv_caches[tensor.layers[0]].untyped_storage()
+    buf = torch.empty(0, dtype=torch.int8, device=device).set_(storage)
+    kernel_block_size = kernel_block_sizes[gid] if kernel_block_sizes else None
+    views = create_kv_cache_views(buf, spec, kv_cache_config.num_blocks + plan.blocks, layout,
+                                  tensor, kernel_block_size=kernel_block_size)
+    kv_caches.update(zip(tensor.layers, views))
+    logger.info(
+        "MTAD: %d draft-only KV blocks (%.2f MiB) hold the private tails of beams 1..%d of up "
+        "to %d requests (%d block(s) per beam, %d draft layers, block ids %d..%d); the "
+        "target's layers reserve only vLLM's own lookahead per request",
+        plan.blocks, plan.bytes / 2**20, plan.beam_width - 1, plan.rows, plan.tail_blocks,
+        len(draft), plan.base, plan.base + plan.blocks - 1)
+    return kv_caches
+
+
+_ACTIVE: list[ScratchPlan] = []
+
+
+@contextlib.contextmanager
+def active(plan: ScratchPlan | None):
+    """While a runner allocates its KV cache: the plan the allocation patch applies."""
+    if plan is None:
+        yield
+        return
+    _ACTIVE.append(plan)
+    try:
+        yield
+    finally:
+        _ACTIVE.pop()
+
+
+def current() -> ScratchPlan | None:
+    return _ACTIVE[-1] if _ACTIVE else None
