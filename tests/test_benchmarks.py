@@ -106,3 +106,26 @@ def test_vocab_kernels_runs(tmp_path):
     assert data["vocab_size"] == 151_936
     assert len(data["rows"]) == 6 and all(r["ms"] > 0 and r["rows"] == 4 for r in data["rows"])
     assert (tmp_path / "out" / "vocab_kernels.md").read_text().count("\n|") == 7
+
+
+def test_kv_cost_beams_reserve_nothing_in_the_target_layers(tmp_path):
+    """The issue's KV-cost workload on the tiny pair (24 MiB of KV, 32 sequences, 64 requests of
+    96 + 64 tokens): MTAD's scheduler lookahead equals vLLM SD's, its draft-only scratch is the
+    stated size and fits the budget with the pool, and MTAD W=4 runs at least 0.75x as many
+    requests at once as vLLM SD (0.66x before the beams' tails left the shared pool)."""
+    run_module(["benchmarks.kv_cost", "--widths", "1,4", "--out", str(tmp_path / "out")],
+               tmp_path)
+    data = json.loads((tmp_path / "out" / "kv_cost.json").read_text())
+    rows = {r["name"]: r for r in data["rows"]}
+    sd, w1, w4 = rows["vLLM SD"], rows["MTAD W=1"], rows["MTAD W=4"]
+    budget = data["workload"]["kv_cache_bytes"]
+    page = 7 * 2 * 2 * 32 * 4 * 32  # 7 layers x K,V x 2 heads x 32 dims x fp32 x 32 slots
+    draft_page = 3 * page // 7
+    assert w4["lookahead_slots"] == w1["lookahead_slots"] == sd["lookahead_slots"] == 4
+    assert w1["draft_scratch_bytes"] == 0 and w1["pool_blocks"] == sd["pool_blocks"]
+    assert w4["draft_scratch_bytes"] == 32 * 3 * 2 * draft_page  # max_num_seqs·(W−1)·2 blocks
+    assert w4["pool_blocks"] * page + w4["draft_scratch_bytes"] <= budget
+    assert (w4["pool_blocks"] + 1) * page + w4["draft_scratch_bytes"] > budget  # nothing lost
+    assert all(r["finished"] == 64 and r["output_tokens"] == 64 * 64 for r in rows.values())
+    assert w4["peak_running"] >= 0.75 * sd["peak_running"]
+    assert (tmp_path / "out" / "kv_cost.md").read_text().startswith("| engine |")
