@@ -1,7 +1,7 @@
 """KV cost per request: how many requests run at once at one fixed KV budget.
 
     python -m benchmarks.kv_cost            # the issue's workload on the tiny pair, ~3 minutes
-    python -m benchmarks.kv_cost --quick    # smaller workload (the test's), ~1 minute
+    python -m benchmarks.kv_cost --quick    # a smaller smoke run, ~30 s
 
 One workload (fixed prompts, greedy, ``ignore_eos``), one KV budget (``kv_cache_memory_bytes``),
 one ``max_num_seqs``; for the target alone, vLLM's speculative decoding with the same draft, and
@@ -29,7 +29,6 @@ from benchmarks.common import environment, markdown_table, write_outputs  # noqa
 
 GAMMA = 4
 TAU = 0.5
-MAX_MODEL_LEN = 256  # the workload needs 160 + lookahead; a small value lets W = 8 start
 
 
 def workload(num_requests: int, prompt_len: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -55,11 +54,11 @@ def drafter_scratch_bytes(llm) -> int:
 
 
 def run_one(target: str, spec: dict | None, prompts, new_tokens: int, kv_bytes: int,
-            max_num_seqs: int, block_size: int) -> dict:
+            max_num_seqs: int, block_size: int, max_model_len: int) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=target, speculative_config=spec, dtype="float32", max_model_len=MAX_MODEL_LEN,
+    llm = LLM(model=target, speculative_config=spec, dtype="float32", max_model_len=max_model_len,
               max_num_seqs=max_num_seqs, enforce_eager=True, block_size=block_size, seed=0,
               kv_cache_memory_bytes=kv_bytes, disable_log_stats=False)
     config = llm.llm_engine.vllm_config
@@ -81,7 +80,6 @@ def run_one(target: str, spec: dict | None, prompts, new_tokens: int, kv_bytes: 
     row = {"peak_running": int(peak), "mean_running": sum(samples) / max(1, len(samples)),
            "preemptions": int(preempted), "steps": steps, "seconds": seconds,
            "output_tokens": sum(len(v) for v in outputs.values()),
-         "max_model_len": MAX_MODEL_LEN,
            "finished": len(outputs),
            "lookahead_slots": config.num_lookahead_tokens,
            "pool_blocks": config.cache_config.num_gpu_blocks,
@@ -103,6 +101,9 @@ def main(argv=None):
     parser.add_argument("--kv-mib", type=float, default=24.0)
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--max-model-len", type=int, default=1024,
+                        help="vLLM caps the lookahead at max_model_len: a value close to the "
+                             "workload's length hides the cost of a large lookahead")
     parser.add_argument("--widths", default="1,2,4,8")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -127,7 +128,7 @@ def main(argv=None):
     for name, spec in tqdm(plan, desc="engines", unit="engine"):
         try:
             row = run_one(target, spec, prompts, args.new_tokens, kv_bytes, args.max_num_seqs,
-                          args.block_size)
+                          args.block_size, args.max_model_len)
         except Exception as err:  # an engine that cannot start at this budget is a result too
             row = {"error": str(err).splitlines()[0][:300]}
             gc.collect()
@@ -146,9 +147,13 @@ def main(argv=None):
                ("pool_blocks", "pool blocks"), ("draft_scratch_bytes", "draft-only bytes"),
                ("steps", "engine steps"), ("seconds", "seconds")]
     table = markdown_table(rows, columns)
+    for r in rows:
+        if "error" in r:
+            table += f"\n\n{r['name']} did not start: {r['error']}"
     workload_desc = {"requests": args.requests, "prompt_tokens": args.prompt_tokens,
                      "new_tokens": args.new_tokens, "kv_cache_bytes": kv_bytes,
                      "max_num_seqs": args.max_num_seqs, "block_size": args.block_size,
+                     "max_model_len": args.max_model_len,
                      "gamma": GAMMA, "tau": TAU, "dtype": "float32", "temperature": 0.0}
     out = write_outputs("kv_cost", {"environment": environment(), "workload": workload_desc,
                                     "rows": rows}, table, args.out)
