@@ -19,8 +19,8 @@ Design (DESIGN.md §2):
   copied from the parent (copy-on-write of the partially filled tail block); columns the
   parent has already filled are shared by reference (full blocks are never written again);
 - a batch row without scratch room (none when the scratch is sized for max_num_seqs rows) drafts
-  with one beam, decided per row on the device without a host sync; the plan's tensors have fixed sizes (no masked
-  indexing), so planning a step never waits for the device.
+  with one beam, decided per row on the device without a host sync; the plan's tensors have
+  fixed sizes (no masked indexing), so planning a step never waits for the device.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ with a message naming ``VLLM_KV_CACHE_LAYOUT``.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -92,6 +93,16 @@ def reserve(runner, available: int) -> int:
             f"({need / 2**20:.2f} MiB). Lower 'beam_width', max_num_seqs or max_model_len, or "
             "give the KV cache more memory.")
     return left
+
+
+def wrap_available_memory(original):
+    """A worker's ``determine_available_memory``, less the scratch (patch_cpu_worker,
+    patch_gpu_worker)."""
+    @functools.wraps(original)
+    def determine_available_memory(self) -> int:
+        return reserve(self.model_runner, original(self))
+
+    return determine_available_memory
 
 
 def extend_config(kv_cache_config, plan: ScratchPlan) -> None:

