@@ -437,3 +437,15 @@ def test_engine_without_enforce_eager(tiny_pair_dirs, tiny_pair):
     for prompt, ids in zip(PROMPTS[:2], got):
         want = ref.generate(*tiny_pair, prompt, 24, cfg, ref.Sampling(temperature=0.0))
         assert ids[:8] == want.token_ids[:8]
+
+
+def test_scratch_that_leaves_no_room_fails_at_startup_naming_the_keys(tiny_pair_dirs):
+    """A KV budget the draft-only beam blocks would leave too small for one max_model_len
+    request: startup fails naming beam_width, max_num_seqs and max_model_len."""
+    target_dir, draft_dir = tiny_pair_dirs
+    with pytest.raises(Exception) as err:  # 40 blocks' worth; the scratch takes ~21 of them
+        make_llm(target_dir, mtad_spec(draft_dir, 4, 4), kv_tokens=40 * 32)
+    msg = str(err.value)
+    assert "'beam_width'" in msg and "max_num_seqs" in msg and "max_model_len 1024" in msg, msg
+    llm = make_llm(target_dir, mtad_spec(draft_dir, 4, 4), kv_tokens=40 * 32, max_model_len=256)
+    close(llm)  # the same budget with a shorter context starts

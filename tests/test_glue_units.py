@@ -71,3 +71,46 @@ def test_check_batch_limits_message():
     check_batch_limits(4, 16, 64)
     with pytest.raises(ValueError, match=r"'beam_width'=8 .* beam_width <= 4"):
         check_batch_limits(8, 16, 64)
+
+
+def _kv_config(num_blocks, layers, page, offset=0, extra_tensor=None):
+    from types import SimpleNamespace
+
+    from vllm.v1.kv_cache_interface import KVCacheTensor
+
+    size = offset + len(layers) * num_blocks * page
+    tensors = [KVCacheTensor(size=size, layers=list(layers), layer_stride=num_blocks * page,
+                             block_stride=page, offset=offset)]
+    if extra_tensor is not None:
+        tensors.append(extra_tensor)
+    return SimpleNamespace(num_blocks=num_blocks, kv_cache_tensors=tensors)
+
+
+def test_draft_scratch_extends_only_the_draft_layers():
+    """The draft layers, last in a layer-outermost tensor, move to span num_blocks + S pages at
+    the end of a backing allocation grown by exactly their S pages; the target layers' places
+    do not change; a layout with the draft layers elsewhere is refused with a clear message."""
+    from vllm_mtad.draft_scratch import ScratchPlan, extend_config
+
+    page, N, S = 1024, 10, 6
+    layers = ["t0", "t1", "t2", "d0", "d1"]
+    cfg = _kv_config(N, layers, page)
+    plan = ScratchPlan(["d0", "d1"], S, rows=1, bytes=0, beam_width=4, tail_blocks=2)
+    extend_config(cfg, plan)
+    target, draft = cfg.kv_cache_tensors
+    assert target.layers == ["t0", "t1", "t2"] and draft.layers == ["d0", "d1"]
+    assert target.offset == 0 and target.layer_stride == N * page
+    assert draft.offset == 3 * N * page and draft.layer_stride == (N + S) * page
+    assert target.size == draft.size == 5 * N * page + 2 * S * page
+    assert draft.offset + 2 * draft.layer_stride == draft.size  # ends at the allocation's end
+    assert plan.base == N and plan.bytes == 2 * S * page
+
+    bad = _kv_config(N, ["d0", "d1", "t0"], page)  # draft layers not last
+    with pytest.raises(ValueError, match="VLLM_KV_CACHE_LAYOUT"):
+        extend_config(bad, ScratchPlan(["d0", "d1"], S, 1, 0, 4, 2))
+    packed = _kv_config(N, layers, page)  # block-outermost: pages of all layers per block
+    t = packed.kv_cache_tensors[0]
+    packed.kv_cache_tensors[0] = type(t)(size=t.size, layers=t.layers, layer_stride=page,
+                                         block_stride=5 * page)
+    with pytest.raises(ValueError, match="VLLM_KV_CACHE_LAYOUT"):
+        extend_config(packed, ScratchPlan(["d0", "d1"], S, 1, 0, 4, 2))
