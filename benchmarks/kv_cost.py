@@ -179,7 +179,7 @@ def plot(rows: list[dict], path) -> None:
     ax.set_xticks(list(x), [r["name"] for r in ok], rotation=20)
     ax.set_ylabel("requests running at once")
     ax.set_title("Same KV budget, same workload")
-    ax.legend()
+    ax.legend(loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
