@@ -31,9 +31,8 @@ from vllm_mtad.patching import is_patched, patch
 
 
 def apply() -> None:
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
     from vllm.v1.worker import gpu_model_runner
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     if is_patched(GPUModelRunner, "__init__"):
         return
