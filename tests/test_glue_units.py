@@ -83,7 +83,8 @@ def _kv_config(num_blocks, layers, page, offset=0, extra_tensor=None):
                              block_stride=page, offset=offset)]
     if extra_tensor is not None:
         tensors.append(extra_tensor)
-    return SimpleNamespace(num_blocks=num_blocks, kv_cache_tensors=tensors)
+    return SimpleNamespace(num_blocks=num_blocks, kv_cache_tensors=tensors,
+                           needs_kv_cache_zeroing=False)
 
 
 def test_draft_scratch_extends_only_the_draft_layers():
@@ -114,3 +115,16 @@ def test_draft_scratch_extends_only_the_draft_layers():
                                          block_stride=5 * page)
     with pytest.raises(ValueError, match="VLLM_KV_CACHE_LAYOUT"):
         extend_config(packed, ScratchPlan(["d0", "d1"], S, 1, 0, 4, 2))
+    # A second cache group (e.g. sliding-window layers) overlays the same bytes from offset 0:
+    # the draft layers' growth would land on its pages.
+    from vllm.v1.kv_cache_interface import KVCacheTensor
+
+    other = KVCacheTensor(size=5 * N * page, layers=["s0", "s1", "s2", "s3"],
+                          layer_stride=N * page, block_stride=page)
+    overlaid = _kv_config(N, layers, page, extra_tensor=other)
+    with pytest.raises(ValueError, match="one attention KV cache group"):
+        extend_config(overlaid, ScratchPlan(["d0", "d1"], S, 1, 0, 4, 2))
+    mamba = _kv_config(N, layers, page)
+    mamba.needs_kv_cache_zeroing = True
+    with pytest.raises(ValueError, match="one attention KV cache group"):
+        extend_config(mamba, ScratchPlan(["d0", "d1"], S, 1, 0, 4, 2))

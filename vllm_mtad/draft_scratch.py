@@ -16,9 +16,10 @@ scheduler never sees and the target's layers do not have:
   layer-outermost layout, are re-based so that each spans ``num_blocks + S`` pages, and their
   views get ``num_blocks + S`` blocks. The target layers' views are unchanged.
 
-Requires a layer-outermost KV cache layout with the draft layers last in their backing tensor
-(vLLM's CPU layout, and its default ``LBHNC``/``LBNHC`` layouts); anything else fails at startup
-with a message naming ``VLLM_KV_CACHE_LAYOUT``.
+Requires one attention KV cache group in a layer-outermost layout with the draft layers last in
+their backing tensor (vLLM's CPU layout, and its ``LBHNC``/``LBNHC`` layouts), kernel blocks equal
+to KV blocks, and no KV connector (connectors assume the pool's block count in every layer);
+anything else fails at startup with a message that says what to change.
 """
 
 from __future__ import annotations
@@ -55,12 +56,12 @@ def plan_for(runner) -> ScratchPlan | None:
         return None
     cfg = drafter.mtad
     rows = runner.scheduler_config.max_num_seqs
-    block_size = runner.cache_config.block_size
+    layers = sorted(drafter._draft_attn_layer_names)
+    specs = runner.get_kv_cache_spec()
+    block_size = specs[layers[0]].block_size  # the draft's, as the proposer lays tails out
     blocks = scratch_blocks(rows, cfg.num_speculative_tokens, cfg.beam_width, block_size)
     if blocks == 0:
         return None
-    layers = sorted(drafter._draft_attn_layer_names)
-    specs = runner.get_kv_cache_spec()
     page_bytes = sum(specs[name].page_size_bytes for name in layers)
     return ScratchPlan(layers, blocks, rows, blocks * page_bytes, cfg.beam_width,
                        tail_blocks(cfg.num_speculative_tokens, block_size))
@@ -72,6 +73,11 @@ def reserve(runner, available: int) -> int:
     plan = plan_for(runner)
     if plan is None:
         return available
+    if runner.vllm_config.kv_transfer_config is not None:
+        raise ValueError(
+            "MTAD's draft-only KV blocks for the beams (beam_width > 1) are not supported with "
+            "a KV connector (kv_transfer_config): connectors assume every layer has the pool's "
+            "block count. Use beam_width 1, or no KV connector.")
     layout = runner.cache_config.get_resolved_kv_cache_layout()
     if not layout.is_layer_compact:
         raise ValueError(
@@ -113,16 +119,22 @@ def extend_config(kv_cache_config, plan: ScratchPlan) -> None:
     tensors = kv_cache_config.kv_cache_tensors
     size = tensors[0].size
     holders = [t for t in tensors if draft & set(t.layers)]
-    ok = len(holders) == 1
+    ok = len(holders) == 1 and not kv_cache_config.needs_kv_cache_zeroing
     if ok:
         t = holders[0]
         n_target = len([x for x in t.layers if x not in draft])
+        start = t.offset + n_target * t.layer_stride  # where the draft layers' pages begin
         ok = (set(t.layers[n_target:]) == draft and t.layer_stride == N * t.block_stride
-              and t.offset + len(t.layers) * t.layer_stride == size)
+              and t.offset + len(t.layers) * t.layer_stride == size
+              # No other tensor (another cache group overlays the same bytes from offset 0)
+              # may reach into the draft layers' pages, which grow into their neighbours'.
+              and all(x.offset + len(x.layers) * x.layer_stride <= start
+                      for x in tensors if x is not t))
     if not ok:
         raise ValueError(
-            "MTAD's draft-only beam blocks need the draft layers last in one layer-outermost "
-            "KV cache tensor at the end of the allocation; this vLLM laid the cache out "
+            "MTAD's draft-only beam blocks need one attention KV cache group (no sliding-window "
+            "or Mamba groups overlaying it) with the draft layers last in one layer-outermost "
+            "KV cache tensor at the end of the allocation; this engine laid the cache out "
             f"otherwise ({[(t.layers, t.layer_stride, t.block_stride) for t in tensors]}). "
             "Set VLLM_KV_CACHE_LAYOUT=LBHNC, or use beam_width 1.")
     extra = len(draft) * plan.blocks * t.block_stride
@@ -147,7 +159,6 @@ def allocate(original, kv_cache_config, device, layout, kernel_block_sizes, plan
     from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs, create_kv_cache_views
 
     extend_config(kv_cache_config, plan)
-    kv_caches = original(kv_cache_config, device, layout, kernel_block_sizes)
     draft = set(plan.draft_layers)
     tensor = next(t for t in kv_cache_config.kv_cache_tensors if draft & set(t.layers))
     gid, group = next((i, g) for i, g in enumerate(kv_cache_config.kv_cache_groups)
@@ -155,9 +166,18 @@ def allocate(original, kv_cache_config, device, layout, kernel_block_sizes, plan
     spec = group.kv_cache_spec
     if isinstance(spec, UniformTypeKVCacheSpecs):
         spec = spec.kv_cache_specs[tensor.layers[0]]
+    kernel_block_size = (kernel_block_sizes[gid] if kernel_block_sizes is not None
+                         and gid < len(kernel_block_sizes) else None)
+    if kernel_block_size not in (None, spec.block_size):
+        # The beams' block tables and copies address manager blocks; a backend that splits
+        # them into smaller kernel blocks would read other blocks.
+        raise ValueError(
+            f"MTAD's beam KV layout needs the attention kernel's block size to equal the KV "
+            f"block size; this backend splits blocks of {spec.block_size} into "
+            f"{kernel_block_size}. Set block_size to {kernel_block_size}, or use beam_width 1.")
+    kv_caches = original(kv_cache_config, device, layout, kernel_block_sizes)
     storage = kv_caches[tensor.layers[0]].untyped_storage()
     buf = torch.empty(0, dtype=torch.int8, device=device).set_(storage)
-    kernel_block_size = kernel_block_sizes[gid] if kernel_block_sizes else None
     views = create_kv_cache_views(buf, spec, kv_cache_config.num_blocks + plan.blocks, layout,
                                   tensor, kernel_block_size=kernel_block_size)
     kv_caches.update(zip(tensor.layers, views))
