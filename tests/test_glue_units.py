@@ -128,3 +128,19 @@ def test_draft_scratch_extends_only_the_draft_layers():
     mamba.needs_kv_cache_zeroing = True
     with pytest.raises(ValueError, match="one attention KV cache group"):
         extend_config(mamba, ScratchPlan(["d0", "d1"], S, 1, 0, 4, 2))
+
+
+def test_request_keys_refuse_engine_wide_keys_and_typos_only():
+    from vllm_mtad.config import MTADConfig, request_settings
+
+    cfg = MTADConfig(4, 4, 0.5)
+    # vLLM's own and custom logits processors' keys share extra_args: they pass.
+    assert request_settings({"kv_transfer_params": {}, "my_processor_arg": 3,
+                             "acceptance_threshold": 0.2}, cfg) == (0.2, "joint")
+    for key in ("beam_width", "num_speculative_tokens"):
+        with pytest.raises(ValueError, match=f"'{key}' is engine-wide.*'acceptance_threshold'"):
+            request_settings({key: 2}, cfg)
+    for typo, meant in (("acceptnce_threshold", "acceptance_threshold"),
+                        ("greedy_acceptence", "greedy_acceptance")):
+        with pytest.raises(ValueError, match=f"did you mean '{meant}'"):
+            request_settings({typo: 0.3}, cfg)

@@ -138,6 +138,8 @@ def test_per_request_threshold_and_bad_requests_while_others_carry_on(server):
         ({"vllm_xargs": {"acceptance_threshold": 5}}, "acceptance_threshold"),
         ({"vllm_xargs": {"acceptance_threshold": 0}}, "acceptance_threshold"),
         ({"vllm_xargs": {"greedy_acceptance": "fast"}}, "greedy_acceptance"),
+        ({"vllm_xargs": {"acceptnce_threshold": 0.3}}, "did you mean 'acceptance_threshold'"),
+        ({"vllm_xargs": {"beam_width": 2}}, "'beam_width' is engine-wide"),
         ({"max_tokens": -3}, "max_tokens"),
         ({"temperature": -1.0}, "temperature"),
     ]
@@ -197,3 +199,20 @@ def test_bad_mtad_config_stops_server_startup(tiny_pair_dirs):
                           text=True, timeout=240, env=_env())
     assert proc.returncode != 0
     assert "'beam_width' must be an integer >= 1, got 0" in proc.stdout + proc.stderr
+
+
+def test_readme_openai_example_runs_with_the_current_client(server):
+    """The README's OpenAI snippet, as written (model and URL swapped for this server's)."""
+    import re
+    from pathlib import Path
+
+    base, model, _ = server
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    snippet = re.search(r"\*\*Call it\*\*.*?```python\n(.*?)```", readme, re.S).group(1)
+    assert "extra_body" in snippet and "top_k" in snippet
+    code = (snippet.replace("http://localhost:8000/v1", f"{base}/v1")
+            .replace('"TARGET"', repr(model)).replace("print(out.choices[0].text)", ""))
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    out = scope["out"]
+    assert out.choices[0].finish_reason in ("length", "stop") and out.usage.completion_tokens > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -108,12 +109,34 @@ def from_additional_config(additional_config: Any) -> MTADConfig | None:
     return MTADConfig(**additional_config[ADDITIONAL_CONFIG_KEY])
 
 
+def check_request_keys(extra_args: dict[str, Any]) -> None:
+    """Refuse MTAD keys a request cannot set and near-misses of the ones it can.
+
+    extra_args is shared with vLLM (kv_transfer_params, ...) and with custom logits processors,
+    so other keys pass: only engine-wide MTAD keys and likely typos of MTAD's per-request keys
+    (difflib ratio >= 0.8, e.g. 'acceptnce_threshold') are errors.
+    """
+    allowed = ", ".join(repr(k) for k in REQUEST_KEYS)
+    for key in extra_args:
+        if key in REQUEST_KEYS:
+            continue
+        if key in MTAD_KEYS or key == "num_speculative_tokens":
+            raise ValueError(f"MTAD setting {key!r} is engine-wide and cannot be set per request "
+                             f"(set it in the speculative config); keys a request can set: "
+                             f"{allowed}.")
+        close = difflib.get_close_matches(str(key), REQUEST_KEYS, n=1, cutoff=0.8)
+        if close:
+            raise ValueError(f"unknown MTAD request key {key!r} (did you mean {close[0]!r}?); "
+                             f"keys a request can set: {allowed}.")
+
+
 def request_settings(extra_args: dict[str, Any] | None, default: MTADConfig) -> tuple[float, str]:
     """(τ, greedy mode) for one request: its extra_args overrides, else the engine's settings.
 
     Raises ValueError naming the key for a bad override (the front end turns it into a 400).
     """
     extra_args = extra_args or {}
+    check_request_keys(extra_args)
     tau = default.acceptance_threshold
     mode = default.greedy_acceptance
     if "acceptance_threshold" in extra_args:

