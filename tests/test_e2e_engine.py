@@ -450,3 +450,38 @@ def test_scratch_that_leaves_no_room_fails_at_startup_naming_the_keys(tiny_pair_
     assert "'beam_width'" in msg and "max_num_seqs" in msg and "max_model_len 1024" in msg, msg
     llm = make_llm(target_dir, mtad_spec(draft_dir, 4, 4), kv_tokens=40 * 32, max_model_len=256)
     close(llm)  # the same budget with a shorter context starts
+
+
+def test_placeholder_drafts_at_the_end_of_the_context_are_not_accepted(tiny_pair_dirs,
+                                                                        tiny_pair):
+    """Near max_model_len vLLM skips the drafter for the batch and schedules placeholder drafts
+    (token 0) without probabilities. MTAD must not judge them as if they were its drafts: with
+    τ = 1e-30 any draft with a probability would pass, yet each such step emits only the
+    target's own token, so the output's last tokens are the target's greedy continuation."""
+    from vllm_mtad.proposer import drafter_stats
+
+    from vllm.inputs import TokensPrompt
+
+    target_dir, draft_dir = tiny_pair_dirs
+    llm = make_llm(target_dir, mtad_spec(draft_dir, 4, 4, 1e-30), max_model_len=256)
+    runs, before = [], 0
+    for n in range(240, 254):  # prompt + max_tokens = max_model_len
+        prompt = list(range(10, 10 + n))
+        llm.llm_engine.add_request(str(n), TokensPrompt(prompt_token_ids=prompt),
+                                   greedy_params(256 - n))
+        emitted = []  # cumulative output tokens after each engine step
+        while llm.llm_engine.has_unfinished_requests():
+            for out in llm.llm_engine.step():
+                emitted.append(list(out.outputs[0].token_ids))
+        misses = llm.collective_rpc(drafter_stats)[0]["sampler_draft_store_misses"]
+        runs.append((prompt, emitted, misses - before))
+        before = misses
+    close(llm)
+    assert sum(m for _, _, m in runs) >= 2  # the placeholder steps were exercised
+    for prompt, emitted, m in runs:
+        got = emitted[-1]
+        assert len(got) == 256 - len(prompt)
+        if m:  # the last m steps (no drafter) emitted one token each, the target's greedy one
+            sizes = [len(e) for e in emitted[-m - 1:]]
+            assert all(b - a == 1 for a, b in zip(sizes, sizes[1:])), sizes
+            assert got[-m:] == ref.greedy_decode(tiny_pair[0], prompt + got[:-m], m)

@@ -337,7 +337,8 @@ def drafter_stats(worker) -> dict:
     return (dict(drafter.stats) | {k: int(v) for k, v in drafter._device_stats.items()}
             | {"draft_scratch_bytes": scratch.bytes if scratch else 0,
                "draft_scratch_blocks": scratch.blocks if scratch else 0}
-            | {"sampler_" + k: v for k, v in getattr(sampler, "stats", {}).items()})
+            | {"sampler_" + k: v for k, v in getattr(sampler, "stats", {}).items()}
+            | {"sampler_draft_store_misses": int(getattr(sampler, "_store_misses", None) or 0)})
 
 
 def _row_sampling_params(sampling_metadata, B: int, device):

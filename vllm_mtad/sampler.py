@@ -46,6 +46,7 @@ class MTADRejectionSampler(RejectionSampler):
         self._settings: dict[str, tuple[float, bool]] = {}  # req_id -> (τ, exact greedy)
         # Where each verify step's draft log-probs came from (read with drafter_stats()).
         self.stats = {"draft_probs_channel": 0, "draft_store": 0}
+        self._store_misses = None  # device counter of store misses
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
         assert metadata.max_spec_len <= vllm_rs.MAX_SPEC_LEN
@@ -104,7 +105,9 @@ class MTADRejectionSampler(RejectionSampler):
             tau += [self.mtad.acceptance_threshold] * pad
             exact += [False] * pad
             seeds += [0] * pad
-        draft_lp = self._draft_logprobs(draft_probs, target, req_ids)
+        draft_lp, known = self._draft_logprobs(draft_probs, target, req_ids)
+        if known is not None:  # drafts MTAD did not make (no probabilities): accept none
+            drafts = torch.where(known[:, None], drafts, -1)
         positions = torch.from_numpy(ib.num_computed_tokens_cpu[:B].astype("int64")) + 1
         to = lambda x, dtype: torch.tensor(x, dtype=dtype).to(dev, non_blocking=True)  # noqa: E731
         result = mtad_accept(
@@ -134,23 +137,30 @@ class MTADRejectionSampler(RejectionSampler):
                 del self._settings[r]
         return tau, exact
 
-    def _draft_logprobs(self, draft_probs, target: "_FlatTarget", req_ids) -> torch.Tensor:
-        """[B, γ] float32 draft log-probs of the scheduled draft tokens (0 past each count)."""
+    def _draft_logprobs(self, draft_probs, target: "_FlatTarget", req_ids):
+        """[B, γ] float32 draft log-probs of the scheduled draft tokens (0 past each count),
+        and [B] bool, rows whose drafts are MTAD's (None: all of them)."""
         if draft_probs is not None:  # vLLM's channel: [num_draft_tokens, 1]
             assert draft_probs.ndim == 2 and draft_probs.shape[1] == 1, (
                 f"MTAD's draft_probs are [num_draft_tokens, 1], got {tuple(draft_probs.shape)}")
             self.stats["draft_probs_channel"] += 1
             return torch.where(target.valid, draft_probs[target.flat, 0],
-                               torch.zeros((), device=target.device))
+                               torch.zeros((), device=target.device)), None
         if len(req_ids) < target.B:  # vLLM's warm-up on a dummy batch: nothing to look up
-            return torch.zeros(target.B, target.gamma, device=target.device)
-        # A request missing from vLLM's last round (skipped by the scheduler for a step):
-        # each request's own latest draft. A row whose scheduled drafts are not the stored
-        # ones (never seen) gets q = 1, i.e. is accepted while the target's joint probability
-        # passes τ.
+            return torch.zeros(target.B, target.gamma, device=target.device), None
+        # The channel is empty: a request missing from vLLM's last round (skipped by the
+        # scheduler for a step) is verified against its own latest draft, from the store.
+        # Drafts the store does not hold are not MTAD's: near max_model_len vLLM skips the
+        # drafter for the whole batch (GPUModelRunner._input_fits_in_drafter) and schedules
+        # placeholder drafts of token 0 without probabilities. Those rows accept no draft
+        # token (their step emits the target's own token), so MTAD never accepts a token its
+        # draft did not propose.
         logprobs, matches = self.runner.drafter.drafts.lookup(list(req_ids), target.drafts)
         self.stats["draft_store"] += 1
-        return torch.where(matches[:, None], logprobs, 0.0)
+        # Rows judged without their draft's probabilities (read by drafter_stats only).
+        self._store_misses = (self._store_misses + (~matches).sum()
+                              if self._store_misses is not None else (~matches).sum())
+        return torch.where(matches[:, None], logprobs, 0.0), matches
 
 
 class _FlatTarget:
