@@ -15,12 +15,12 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).parent.parent
 
 
-def run_module(args, tmp_path, timeout=600):
+def run_module(args, tmp_path, timeout=600, with_stderr=False):
     env = {**os.environ, "VLLM_MTAD_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, text=True,
                           capture_output=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
+    return (proc.stdout, proc.stderr) if with_stderr else proc.stdout
 
 
 def test_compare_quick_on_tiny_pair(tmp_path):
@@ -113,8 +113,8 @@ def test_kv_cost_beams_reserve_nothing_in_the_target_layers(tmp_path):
     96 + 64 tokens): MTAD's scheduler lookahead equals vLLM SD's, its draft-only scratch is the
     stated size and fits the budget with the pool, and MTAD W=4 runs at least 0.75x as many
     requests at once as vLLM SD (0.66x before the beams' tails left the shared pool)."""
-    run_module(["benchmarks.kv_cost", "--widths", "1,4", "--out", str(tmp_path / "out")],
-               tmp_path)
+    out, err = run_module(["benchmarks.kv_cost", "--widths", "1,4", "--out",
+                           str(tmp_path / "out")], tmp_path, with_stderr=True)
     data = json.loads((tmp_path / "out" / "kv_cost.json").read_text())
     rows = {r["name"]: r for r in data["rows"]}
     sd, w1, w4 = rows["vLLM SD"], rows["MTAD W=1"], rows["MTAD W=4"]
@@ -129,3 +129,6 @@ def test_kv_cost_beams_reserve_nothing_in_the_target_layers(tmp_path):
     assert all(r["finished"] == 64 and r["output_tokens"] == 64 * 64 for r in rows.values())
     assert w4["peak_running"] >= 0.75 * sd["peak_running"]
     assert (tmp_path / "out" / "kv_cost.md").read_text().startswith("| engine |")
+    # The one startup line says what the draft-only blocks hold (W=4 only: W=1 needs none).
+    lines = [line for line in (out + err).splitlines() if "draft-only KV blocks" in line]
+    assert len(lines) == 1 and "192 draft-only KV blocks (9.00 MiB)" in lines[0], lines

@@ -47,8 +47,9 @@ class ScratchPlan:
     base: int | None = None  # first scratch block id = the pool's num_blocks, once allocated
 
 
-def plan_for(runner) -> ScratchPlan | None:
-    """The scratch an MTAD runner needs (None for other runners, or when W = 1 or γ = 1)."""
+def plan_for(runner, specs=None) -> ScratchPlan | None:
+    """The scratch an MTAD runner needs (None for other runners, or when W = 1 or γ = 1).
+    ``specs``: the runner's ``get_kv_cache_spec()``, when the caller has it already."""
     from vllm_mtad.proposer import MTADProposer
 
     drafter = getattr(runner, "drafter", None)
@@ -57,7 +58,7 @@ def plan_for(runner) -> ScratchPlan | None:
     cfg = drafter.mtad
     rows = runner.scheduler_config.max_num_seqs
     layers = sorted(drafter._draft_attn_layer_names)
-    specs = runner.get_kv_cache_spec()
+    specs = runner.get_kv_cache_spec() if specs is None else specs
     block_size = specs[layers[0]].block_size  # the draft's, as the proposer lays tails out
     blocks = scratch_blocks(rows, cfg.num_speculative_tokens, cfg.beam_width, block_size)
     if blocks == 0:
@@ -70,7 +71,8 @@ def plan_for(runner) -> ScratchPlan | None:
 def reserve(runner, available: int) -> int:
     """The memory left for vLLM's KV pool once the scratch is set aside (the worker's
     ``determine_available_memory``)."""
-    plan = plan_for(runner)
+    specs = runner.get_kv_cache_spec()
+    plan = plan_for(runner, specs)
     if plan is None:
         return available
     if runner.vllm_config.kv_transfer_config is not None:
@@ -85,7 +87,6 @@ def reserve(runner, available: int) -> int:
             f"layer-outermost KV cache layout; this engine resolved {layout.name}. Set "
             "VLLM_KV_CACHE_LAYOUT to LBHNC or LBNHC (or use beam_width 1).")
     left = available - plan.bytes
-    specs = runner.get_kv_cache_spec()
     block_bytes = sum(spec.page_size_bytes for spec in specs.values())
     max_len = runner.model_config.max_model_len
     need = -(-max_len // runner.cache_config.block_size) * block_bytes  # one longest request

@@ -338,7 +338,7 @@ def drafter_stats(worker) -> dict:
             | {"draft_scratch_bytes": scratch.bytes if scratch else 0,
                "draft_scratch_blocks": scratch.blocks if scratch else 0}
             | {"sampler_" + k: v for k, v in getattr(sampler, "stats", {}).items()}
-            | {"sampler_draft_store_misses": int(getattr(sampler, "_store_misses", None) or 0)})
+            | {"sampler_draft_store_misses": int(getattr(sampler, "store_misses", 0))})
 
 
 def _row_sampling_params(sampling_metadata, B: int, device):

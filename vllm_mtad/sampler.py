@@ -46,7 +46,8 @@ class MTADRejectionSampler(RejectionSampler):
         self._settings: dict[str, tuple[float, bool]] = {}  # req_id -> (τ, exact greedy)
         # Where each verify step's draft log-probs came from (read with drafter_stats()).
         self.stats = {"draft_probs_channel": 0, "draft_store": 0}
-        self._store_misses = None  # device counter of store misses
+        # Rows judged without their draft's probabilities (device; read by drafter_stats only).
+        self.store_misses = torch.zeros((), dtype=torch.int64, device=device)
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
         assert metadata.max_spec_len <= vllm_rs.MAX_SPEC_LEN
@@ -157,9 +158,7 @@ class MTADRejectionSampler(RejectionSampler):
         # draft did not propose.
         logprobs, matches = self.runner.drafter.drafts.lookup(list(req_ids), target.drafts)
         self.stats["draft_store"] += 1
-        # Rows judged without their draft's probabilities (read by drafter_stats only).
-        self._store_misses = (self._store_misses + (~matches).sum()
-                              if self._store_misses is not None else (~matches).sum())
+        self.store_misses += (~matches).sum()
         return torch.where(matches[:, None], logprobs, 0.0), matches
 
 
