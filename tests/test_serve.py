@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
+from benchmarks.server import free_port, running_server, serve_command, serve_env
 from vllm_mtad import reference as ref
 from vllm_mtad.config import MTADConfig
 
@@ -21,59 +17,19 @@ pytestmark = pytest.mark.e2e
 GAMMA, WIDTH, TAU = 4, 4, 0.5
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve_cmd(target_dir, spec: dict, port: int) -> list[str]:
-    cli = Path(sys.executable).with_name("vllm-mtad")
-    return [str(cli), "serve", str(target_dir), "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "8",
-            "--enforce-eager", "--block-size", "32", "--speculative-config", json.dumps(spec)]
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs vLLM's real layout
-    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
-    return env
+    return serve_command(str(target_dir), spec, port, max_num_seqs=8)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_pair_dirs, tmp_path_factory):
-    import requests
-
     target_dir, draft_dir = tiny_pair_dirs
-    port = _free_port()
+    port = free_port()
     spec = {"method": "mtad", "model": str(draft_dir), "num_speculative_tokens": GAMMA,
             "beam_width": WIDTH, "acceptance_threshold": TAU}
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(_serve_cmd(target_dir, spec, port), stdout=fh,
-                                stderr=subprocess.STDOUT, env=_env())
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {log.read_text()[-3000:]}")
-            try:
-                if requests.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(1)
-        else:
-            raise RuntimeError(f"server not ready in 240 s: {log.read_text()[-3000:]}")
-        yield base, str(target_dir), log
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with running_server(_serve_cmd(target_dir, spec, port), str(target_dir), log, port) as srv:
+        yield srv.base, srv.model, log
 
 
 def _client(base):
@@ -195,8 +151,8 @@ def test_bad_mtad_config_stops_server_startup(tiny_pair_dirs):
     target_dir, draft_dir = tiny_pair_dirs
     spec = {"method": "mtad", "model": str(draft_dir), "num_speculative_tokens": 4,
             "beam_width": 0}
-    proc = subprocess.run(_serve_cmd(target_dir, spec, _free_port()), capture_output=True,
-                          text=True, timeout=240, env=_env())
+    proc = subprocess.run(_serve_cmd(target_dir, spec, free_port()), capture_output=True,
+                          text=True, timeout=240, env=serve_env())
     assert proc.returncode != 0
     assert "'beam_width' must be an integer >= 1, got 0" in proc.stdout + proc.stderr
 
