@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import json
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -144,3 +146,79 @@ def request_settings(extra_args: dict[str, Any] | None, default: MTADConfig) -> 
     if "greedy_acceptance" in extra_args:
         mode = check_greedy_acceptance("greedy_acceptance", extra_args["greedy_acceptance"])
     return tau, mode
+
+
+def _looks_local(name: str) -> bool:
+    return (os.path.isabs(name) or name.startswith((".", "~")) or os.path.exists(name))
+
+
+def check_draft_model(draft: str, target: str | None) -> None:
+    """Refuse, naming the 'model' key, a draft that cannot work: a local path that does not
+    exist or holds no readable config.json, or a draft whose tokenizer maps tokens to other ids
+    than the target's (MTAD compares the two models' probabilities of the same token ids).
+    Hub names (not local paths) are left to vLLM."""
+    draft = str(draft)
+    if not _looks_local(draft):
+        return
+    path = os.path.expanduser(draft)
+    if not os.path.isdir(path):
+        raise ValueError(
+            f"MTAD setting 'model': the draft model directory {draft!r} does not exist. Give the "
+            "path of a local Hugging Face model directory (config.json and weights) or a model "
+            "name on the Hugging Face Hub.")
+    config_file = os.path.join(path, "config.json")
+    try:
+        with open(config_file) as fh:
+            json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"MTAD setting 'model': cannot read the draft's {config_file} "
+            f"({type(exc).__name__}: {exc}). The draft must be a Hugging Face model directory "
+            "with a readable config.json.") from exc
+    if target and os.path.isdir(os.path.expanduser(str(target))):
+        _check_same_tokenizer(path, os.path.expanduser(str(target)))
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def _check_same_tokenizer(draft: str, target: str) -> None:
+    if not any(os.path.exists(os.path.join(draft, f)) for f in _TOKENIZER_FILES):
+        return  # no tokenizer of its own: vLLM uses the target's
+    from transformers import AutoTokenizer
+
+    try:
+        vocab_d = AutoTokenizer.from_pretrained(draft).get_vocab()
+        vocab_t = AutoTokenizer.from_pretrained(target).get_vocab()
+    except Exception:  # noqa: BLE001 — an unloadable tokenizer is vLLM's to report
+        return
+    differ = [tok for tok, i in vocab_t.items() if vocab_d.get(tok) != i]
+    differ += [tok for tok in vocab_d if tok not in vocab_t]
+    if differ:
+        raise ValueError(
+            f"MTAD setting 'model': the draft's tokenizer differs from the target's "
+            f"({len(differ)} of {len(vocab_t)} tokens have other ids or are missing, e.g. "
+            f"{differ[:3]!r}). MTAD compares the two models' probabilities of the same token "
+            "ids, so the draft must use the target's tokenizer.")
+
+
+def check_context_fits(gamma: int, max_model_len: int, draft_max_model_len: int | None,
+                       draft_len_explicit: bool) -> None:
+    """Refuse, naming the keys, a γ no request can draft and (unless the user set the draft's
+    'max_model_len' on purpose) a draft whose context is shorter than the engine's: past it vLLM
+    stops drafting for every request of a batch that holds a longer one."""
+    if gamma + 1 >= max_model_len:
+        raise ValueError(
+            f"MTAD setting 'num_speculative_tokens'={gamma} cannot fit max_model_len="
+            f"{max_model_len}: a round needs γ draft slots past at least one prompt token and "
+            f"the target's extra token. Allowed: num_speculative_tokens <= {max_model_len - 2}; "
+            "or raise --max-model-len.")
+    if (draft_max_model_len is not None and draft_max_model_len < max_model_len
+            and not draft_len_explicit):
+        raise ValueError(
+            f"MTAD setting 'model': the draft's context ({draft_max_model_len} tokens, its "
+            f"max_position_embeddings) is shorter than the engine's max_model_len "
+            f"({max_model_len}); past it vLLM stops drafting for every request in the batch. "
+            f"Set --max-model-len {draft_max_model_len} or lower, use a draft with a longer "
+            f"context, or set \"max_model_len\": {draft_max_model_len} in the speculative config "
+            "to accept drafting only below it.")
