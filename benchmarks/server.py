@@ -46,14 +46,15 @@ class Server:
         return out
 
 
-def serve_command(target: str, spec: dict, port: int, *, dtype: str = "float32",
+def serve_command(target: str, spec: dict | None, port: int, *, dtype: str = "float32",
                   max_model_len: int = 1024, max_num_seqs: int = 8, block_size: int = 32,
                   kv_bytes: int | None = None, extra: list[str] = ()) -> list[str]:
     cli = Path(sys.executable).with_name("vllm-mtad")
     cmd = [str(cli), "serve", str(target), "--host", "127.0.0.1", "--port", str(port),
            "--dtype", dtype, "--max-model-len", str(max_model_len), "--max-num-seqs",
-           str(max_num_seqs), "--enforce-eager", "--block-size", str(block_size),
-           "--speculative-config", json.dumps(spec)]
+           str(max_num_seqs), "--enforce-eager", "--block-size", str(block_size)]
+    if spec is not None:  # None: the target alone
+        cmd += ["--speculative-config", json.dumps(spec)]
     if kv_bytes is not None:
         cmd += ["--kv-cache-memory-bytes", str(kv_bytes)]
     return cmd + list(extra)
