@@ -308,6 +308,29 @@ def test_preemption_keeps_outputs_correct(tiny_pair_dirs, tiny_pair):
                                       ref.Sampling(temperature=0.0)).token_ids
 
 
+def _beam_builder_sizes(worker):
+    drafter = worker.model_runner.drafter
+    sizes = lambda groups: [g.get_metadata_builder().vllm_config.scheduler_config.max_num_seqs  # noqa: E731
+                            for g in groups]
+    beam_cfg = drafter._beam_attn_groups[0].get_metadata_builder().vllm_config
+    return {"draft": sizes(drafter.draft_attn_groups), "beam": sizes(drafter._beam_attn_groups),
+            "beam_cudagraph_mode": str(beam_cfg.compilation_config.cudagraph_mode),
+            "engine": worker.vllm_config.scheduler_config.max_num_seqs,
+            "same_layers": [g.layer_names for g in drafter.draft_attn_groups]
+            == [g.layer_names for g in drafter._beam_attn_groups]}
+
+
+def test_beam_steps_build_metadata_for_width_times_max_num_seqs_rows(tiny_pair_dirs):
+    """A beam step has B·W rows; attention builders size buffers by max_num_seqs (FlashInfer's
+    paged_kv_indptr on CUDA), so the beam steps use builders made for max_num_seqs·W rows."""
+    target_dir, draft_dir = tiny_pair_dirs
+    llm = make_llm(target_dir, mtad_spec(draft_dir, 4, 3, 0.5), max_num_seqs=8)
+    (sizes,) = llm.collective_rpc(_beam_builder_sizes)
+    close(llm)
+    assert sizes["engine"] == 8 and sizes["draft"] == [8] and sizes["beam"] == [24]
+    assert sizes["beam_cudagraph_mode"].endswith("NONE") and sizes["same_layers"]
+
+
 def test_engine_config_plumbing(tiny_pair_dirs):
     target_dir, draft_dir = tiny_pair_dirs
     llm = make_llm(target_dir, mtad_spec(draft_dir, 5, 3, 0.4, "exact"))

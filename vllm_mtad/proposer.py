@@ -112,6 +112,17 @@ class MTADProposer(DraftModelProposer):
         self._device_stats = {"narrowed_rows": torch.zeros((), dtype=torch.int64, device=device),
                               "copied_blocks": torch.zeros((), dtype=torch.int64, device=device)}
 
+    def initialize_attn_backend(self, kv_cache_config, kernel_block_sizes=None) -> None:
+        """vLLM's draft attention groups, plus a second set for the beam steps: their metadata
+        has B·W rows, and builders keep buffers sized by max_num_seqs (FlashInfer's
+        paged_kv_indptr/indices/last_page_len, FA's DCP lengths), so the beam steps' builders
+        are made from a config with max_num_seqs·W and no CUDA graphs (beam steps run eager).
+        On CPU the attention builder keeps no such buffer; the two sets build the same
+        metadata there (tests/test_e2e_engine.py checks the builders' config)."""
+        super().initialize_attn_backend(kv_cache_config, kernel_block_sizes)
+        self._beam_attn_groups = beam_attn_groups(self.draft_attn_groups, self.vllm_config,
+                                                  self.device, self.mtad.beam_width)
+
     # The first pass is vLLM's; these two hooks capture what it computed.
     def set_inputs_first_pass(self, **kwargs):
         num_tokens, token_indices, cad = super().set_inputs_first_pass(**kwargs)
@@ -275,8 +286,10 @@ class MTADProposer(DraftModelProposer):
                 num_actual_tokens=num_rows, max_query_len=1, max_seq_len=max_seq_len,
                 block_table_tensor=kv.block_table, slot_mapping=kv.slot_mapping, causal=True,
                 positions=kv.positions)
-            _, per_layer_metadata = self.build_per_group_and_layer_attn_metadata(
-                beam_cad, draft_index=1)
+            per_layer_metadata = {}
+            for group in self._beam_attn_groups:
+                metadata = group.build_metadata_for_drafting(beam_cad, draft_index=1)
+                per_layer_metadata.update((name, metadata) for name in group.layer_names)
         with set_forward_context(per_layer_metadata, self.vllm_config, num_tokens=num_rows,
                                  cudagraph_runtime_mode=CUDAGraphMode.NONE,
                                  slot_mapping={n: kv.slot_mapping
@@ -284,6 +297,34 @@ class MTADProposer(DraftModelProposer):
             hidden = self.model(input_ids=input_ids.to(torch.int32), positions=kv.positions,
                                 inputs_embeds=None)
         return self.model.compute_logits(hidden)
+
+
+def beam_attn_groups(groups, vllm_config, device, width: int) -> list:
+    """Copies of the drafter's attention groups whose builders are sized for width times
+    max_num_seqs rows, with CUDA graphs off (width 1: the groups themselves)."""
+    if width <= 1:
+        return list(groups)
+    import copy
+
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.worker.utils import AttentionGroup
+
+    cfg = copy.copy(vllm_config)  # shallow: model, cache and forward context stay shared
+    cfg.scheduler_config = copy.copy(vllm_config.scheduler_config)
+    cfg.scheduler_config.max_num_seqs = vllm_config.scheduler_config.max_num_seqs * width
+    cfg.compilation_config = copy.copy(vllm_config.compilation_config)
+    cfg.compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+    out = []
+    for group in groups:
+        beam_group = AttentionGroup(backend=group.backend, layer_names=list(group.layer_names),
+                                    kv_cache_spec=group.kv_cache_spec,
+                                    kv_cache_group_id=group.kv_cache_group_id)
+        beam_group.create_metadata_builders(cfg, device, kernel_block_size=group.kernel_block_size)
+        old, new = group.get_metadata_builder(), beam_group.get_metadata_builder()
+        if hasattr(old, "_get_workspace_buffer") and hasattr(new, "set_workspace_buffer"):
+            new.set_workspace_buffer(old._get_workspace_buffer())  # FlashInfer: one workspace
+        out.append(beam_group)
+    return out
 
 
 @dataclass
