@@ -6,6 +6,7 @@ import json
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -160,12 +161,8 @@ def test_bad_mtad_config_stops_server_startup(tiny_pair_dirs):
 
 def test_readme_openai_example_runs_with_the_current_client(server):
     """The README's OpenAI snippet, as written (model and URL swapped for this server's)."""
-    import re
-    from pathlib import Path
-
     base, model, _ = server
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    snippet = re.search(r"\*\*Call it\*\*.*?```python\n(.*?)```", readme, re.S).group(1)
+    snippet = _readme_block("**Call it**", "python")
     assert "extra_body" in snippet and "top_k" in snippet
     code = (snippet.replace("http://localhost:8000/v1", f"{base}/v1")
             .replace('"TARGET"', repr(model)).replace("print(out.choices[0].text)", ""))
@@ -276,3 +273,63 @@ def test_fuzzed_requests_get_200_or_4xx_and_the_server_lives(server, tiny_pair_d
     ok = requests.post(f"{base}/v1/completions", timeout=120, json={
         "model": model, "prompt": PROMPT_IDS, "max_tokens": 8, "temperature": 0.0})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 8
+
+
+def _readme_block(heading: str, lang: str) -> str:
+    import re
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    return re.search(re.escape(heading) + r".*?```" + lang + r"\n(.*?)```", readme, re.S).group(1)
+
+
+def test_readme_structured_outputs_example_runs(server):
+    base, model, _ = server
+    code = _readme_block("**Structured outputs**", "python").replace('"TARGET"', repr(model))
+    scope = {"client": _client(base)}
+    exec(compile(code.replace("print(out.choices[0].message.content)", ""), "README.md",
+                 "exec"), scope)
+    assert scope["out"].choices[0].message.content in ("yes", "no")
+
+
+def test_readme_cpu_quick_start_serves(tmp_path):
+    """The README's CPU quick start, run as written (port swapped; the tiny pair built in a
+    fresh cache directory), answers a completion."""
+    import os
+    import signal
+
+    import requests
+
+    root = Path(__file__).parent.parent
+    block = _readme_block("### CPU quick start", "bash")
+    assert "--port 8000" in block and "VLLM_CPU_KVCACHE_SPACE=1" in block
+    port = free_port()
+    env = {**os.environ, "VLLM_MTAD_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    log = open(tmp_path / "quick_start.log", "w")
+    proc = subprocess.Popen(["bash", "-c", block.replace("--port 8000", f"--port {port}")],
+                            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while True:
+            assert proc.poll() is None, (tmp_path / "quick_start.log").read_text()[-3000:]
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.time() < deadline, (tmp_path / "quick_start.log").read_text()[-3000:]
+            time.sleep(1)
+        model = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()
+        target = model["data"][0]["id"]
+        r = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120, json={
+            "model": target, "prompt": "def split(", "max_tokens": 16, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
+        assert "MTAD enabled with" in (tmp_path / "quick_start.log").read_text()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()

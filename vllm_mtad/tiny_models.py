@@ -138,3 +138,24 @@ def load_pair(target_dir: Path, draft_dir: Path):
 
     return tuple(AutoModelForCausalLM.from_pretrained(p, dtype="float32").eval()
                  for p in (target_dir, draft_dir))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Build (or reuse) the tiny pair under VLLM_MTAD_CACHE_DIR/tiny and print where it is."""
+    import argparse
+
+    from vllm_mtad import envs
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--env", action="store_true",
+                        help="print shell assignments TARGET=... DRAFT=... (for eval)")
+    args = parser.parse_args(argv)
+    target, draft = build_tiny_pair(envs.cache_dir() / "tiny")
+    if args.env:
+        print(f"TARGET={target}\nDRAFT={draft}")
+    else:
+        print(f"target: {target}\ndraft:  {draft}")
+
+
+if __name__ == "__main__":
+    main()

@@ -3,8 +3,8 @@ keep seeded requests with a chunked prefill from killing the engine on CPU.
 
 Target: vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__ and
     .initialize_kv_cache_tensors (the classic runner; the CPU runner subclasses it), and the
-    module's ``allocate_kv_cache`` (imported from vllm.v1.worker.utils); ``._sample`` and
-    ``._bookkeeping_sync`` (CPU devices only)
+    module's ``allocate_kv_cache`` (imported from vllm.v1.worker.utils); ``._prepare_inputs``
+    and ``._bookkeeping_sync`` (CPU devices only)
 Why: the runner builds ``DraftModelProposer`` and ``RejectionSampler`` from names bound at
     import time; MTAD replaces the draft (beam drafting on the paged KV cache) and the
     acceptance rule (longest prefix by joint likelihood ratio). The beams' private tails need
@@ -24,9 +24,10 @@ How: wraps __init__; after it, for MTAD engines only, swaps ``self.drafter`` for
     request's seeded generator with ``gen.set_offset(gen.get_offset() - 4)`` — a CUDA
     Philox notion: a CPU ``torch.Generator`` raises "CPU Generator does not use offset" and
     the engine dies (plain vLLM 0.32 on CPU too: one seeded request whose prompt is chunked
-    suffices; found by benchmarks/soak.py). The wrapped ``_sample`` saves those rows'
-    generator states before sampling and restores them after (an exact rewind), and the
-    wrapped ``_bookkeeping_sync`` hides the rewound rows' generators from vLLM's loop.
+    suffices; found by benchmarks/soak.py). The wrapped ``_prepare_inputs`` (which sets the
+    discard mask; nothing draws from the generators between it and sampling) saves those
+    rows' generator states, and the wrapped ``_bookkeeping_sync`` (after sampling) restores
+    them — an exact rewind — and hides those rows' generators from vLLM's rewind loop.
 Upstream: none for the drafter: vLLM has no hook for out-of-tree proposers with KV access.
     The rewind: the same crash fixed in other backends' runners (vllm-rbln PR 1025,
     vllm-qaic PR 92); vLLM's CPU path still calls set_offset in 0.32.0.
@@ -97,36 +98,35 @@ def apply() -> None:
 
         return allocate_kv_cache
 
-    def make_sample(original):
+    def make_prepare_inputs(original):
         @functools.wraps(original)
-        def _sample(self, *args, **kwargs):
-            saved = _discarded_cpu_generator_states(self)
+        def _prepare_inputs(self, *args, **kwargs):
             out = original(self, *args, **kwargs)
-            for gen, state in saved.values():
-                gen.set_state(state)
-            self._mtad_rewound_rows = tuple(saved)
+            self._mtad_discarded_generators = _discarded_cpu_generator_states(self)
             return out
 
-        return _sample
+        return _prepare_inputs
 
     def make_bookkeeping(original):
         @functools.wraps(original)
         def _bookkeeping_sync(self, *args, **kwargs):
-            rows = getattr(self, "_mtad_rewound_rows", ())
-            if not rows:
+            saved = getattr(self, "_mtad_discarded_generators", None)
+            if not saved:
                 return original(self, *args, **kwargs)
+            self._mtad_discarded_generators = None
             generators = self.input_batch.generators
-            hidden = {i: generators.pop(i) for i in rows if i in generators}
+            for gen, state in saved.values():
+                gen.set_state(state)
+            hidden = {i: generators.pop(i) for i in saved if i in generators}
             try:
                 return original(self, *args, **kwargs)
             finally:
                 generators.update(hidden)
-                self._mtad_rewound_rows = ()
 
         return _bookkeeping_sync
 
     patch(GPUModelRunner, "__init__", make, __name__)
-    patch(GPUModelRunner, "_sample", make_sample, __name__)
+    patch(GPUModelRunner, "_prepare_inputs", make_prepare_inputs, __name__)
     patch(GPUModelRunner, "_bookkeeping_sync", make_bookkeeping, __name__)
     patch(GPUModelRunner, "initialize_kv_cache_tensors", make_init_tensors, __name__)
     patch(gpu_model_runner, "allocate_kv_cache", make_allocate, __name__)
