@@ -11,7 +11,7 @@ import torch
 
 from tests.helpers import (ToyLM, brute_force_best, chi_square_pvalue, core_draft,
                            ordered_draw_probability, set_draw_probabilities)
-from vllm_mtad.core import BeamState, beam_step, best_beam
+from vllm_mtad.core import BeamState, beam_step, best_beam, keep_rows
 
 pytestmark = pytest.mark.core
 
@@ -235,3 +235,27 @@ def test_different_seeds_or_positions_give_different_drafts():
                               positions=list(range(B)))
     assert len({tuple(t) for t in by_seed.tolist()}) > B // 2
     assert len({tuple(t) for t in by_pos.tolist()}) > B // 2
+
+
+def test_rows_kept_after_their_last_step_draft_as_a_shorter_search():
+    """Near max_model_len a row drafts fewer steps than the batch: keep_rows must leave it
+    exactly where a search of its own length ends (same tokens, log-probs, chosen beam)."""
+    lm = ToyLM(12, seed=3, scale=1.0)
+    contexts = [[1, 2, 3], [4, 5], [6], [7, 8, 9], [2, 2]]
+    steps = [4, 2, 1, 3, 0]  # 0: the row drafts only the first (unbatched) step's token
+    temps, seeds = [1.0, 0.0, 1.0, 0.0, 1.0], [5, 6, 7, 8, 9]
+    limit = torch.tensor(steps)
+
+    def step_fn(lp, state, W, greedy, seed_t, pos_t, step):
+        new = beam_step(lp, state, W, greedy, seed_t, pos_t, step)
+        return new if state is None else keep_rows(new, state, step > limit)
+
+    tokens, lps, _ = core_draft(lm, contexts, 4, 3, temps, seeds, step_fn=step_fn)
+    for b, n in enumerate(steps):
+        alone, alone_lps, _ = core_draft(lm, [contexts[b]], max(n, 1), 3, [temps[b]],
+                                         [seeds[b]])
+        assert tokens[b, :n].tolist() == alone[0, :n].tolist(), b
+        assert torch.allclose(lps[b, :n], alone_lps[0, :n]), b
+    # Without keep_rows the longer search picks other beams for some row: the check can fail.
+    full, _, _ = core_draft(lm, contexts, 4, 3, temps, seeds)
+    assert any(full[b, :n].tolist() != tokens[b, :n].tolist() for b, n in enumerate(steps))

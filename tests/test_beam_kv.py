@@ -131,3 +131,21 @@ def test_scratch_is_bounded_by_rows_not_blocks():
     assert scratch_blocks(32, 4, 4, 32) == 32 * 3 * 2
     assert scratch_blocks(8, 4, 1, 32) == 0 and scratch_blocks(8, 1, 4, 32) == 0
     assert tail_blocks(2, 16) == 1 and tail_blocks(3, 16) == 2 and tail_blocks(40, 16) == 4
+
+
+def test_tail_in_the_last_block_of_the_context_keeps_the_scratch_blocks():
+    """When the tail's first column is the block table's last one (the last block of
+    max_model_len), the tail's second column lies past the table; beams 1..W-1 must still read
+    and write their scratch block there, not the request's (a scatter with a duplicate column
+    used to let the request's block win)."""
+    C, bs, W, gamma = 8, 32, 3, 4
+    table = torch.arange(10, 10 + C, dtype=torch.int32)[None, :]
+    p = torch.tensor([7 * bs + 5])  # first tail column 7 = C - 1
+    layout = BeamKVLayout(table, torch.tensor([C]), p, gamma, W, bs, C * bs, scratch_base=100,
+                          scratch_rows=1)
+    kv = layout.step(torch.zeros(1, W, dtype=torch.int64), 2)
+    last = kv.block_table[:, C - 1].tolist()
+    assert last[0] == 17  # beam 0: the request's own block
+    assert last[1] == 100 and last[2] == 102  # beams 1, 2: their scratch (2 blocks per beam)
+    assert kv.slot_mapping.tolist()[1:] == [100 * bs + (p.item() + 1) % bs,
+                                            102 * bs + (p.item() + 1) % bs]

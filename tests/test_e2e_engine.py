@@ -532,36 +532,44 @@ def test_scratch_that_leaves_no_room_fails_at_startup_naming_the_keys(tiny_pair_
     close(llm)  # the same budget with a shorter context starts
 
 
-def test_placeholder_drafts_at_the_end_of_the_context_are_not_accepted(tiny_pair_dirs,
-                                                                        tiny_pair):
-    """Near max_model_len vLLM skips the drafter for the batch and schedules placeholder drafts
-    (token 0) without probabilities. MTAD must not judge them as if they were its drafts: with
-    τ = 1e-30 any draft with a probability would pass, yet each such step emits only the
-    target's own token, so the output's last tokens are the target's greedy continuation."""
+@pytest.mark.parametrize("width,max_len", [(4, 256), (1, 256), (4, 250)])
+def test_drafting_through_the_end_of_the_context(tiny_pair_dirs, tiny_pair, width, max_len):
+    """Prompt + max_tokens exactly at max_model_len (a block boundary at 256, mid-block at
+    250): vLLM would skip the drafter for the whole batch near the end and schedule placeholder
+    drafts without probabilities; MTAD keeps drafting, each row a beam search of the drafts the
+    scheduler can still verify, so every verified draft has its probabilities and greedy
+    "joint" equals the reference with the same context limit, token for token."""
     from vllm_mtad.proposer import drafter_stats
 
-    from vllm.inputs import TokensPrompt
-
     target_dir, draft_dir = tiny_pair_dirs
-    llm = make_llm(target_dir, mtad_spec(draft_dir, 4, 4, 1e-30), max_model_len=256)
-    runs, before = [], 0
-    for n in range(240, 254):  # prompt + max_tokens = max_model_len
-        prompt = list(range(10, 10 + n))
-        llm.llm_engine.add_request(str(n), TokensPrompt(prompt_token_ids=prompt),
-                                   greedy_params(256 - n))
-        emitted = []  # cumulative output tokens after each engine step
-        while llm.llm_engine.has_unfinished_requests():
-            for out in llm.llm_engine.step():
-                emitted.append(list(out.outputs[0].token_ids))
-        misses = llm.collective_rpc(drafter_stats)[0]["sampler_draft_store_misses"]
-        runs.append((prompt, emitted, misses - before))
-        before = misses
+    llm = make_llm(target_dir, mtad_spec(draft_dir, 4, width, 0.5), max_model_len=max_len,
+                   disable_log_stats=False)
+    prompts = [list(range(10, 10 + n)) for n in (max_len - 40, max_len - 13, max_len - 6,
+                                                 max_len - 2)]
+    got = [generate_ids(llm, [p], greedy_params(max_len - len(p)))[0] for p in prompts]
+    batch = generate_ids(llm, prompts, [greedy_params(max_len - len(p)) for p in prompts])
+    stats = llm.collective_rpc(drafter_stats)[0]
     close(llm)
-    assert sum(m for _, _, m in runs) >= 2  # the placeholder steps were exercised
-    for prompt, emitted, m in runs:
-        got = emitted[-1]
-        assert len(got) == 256 - len(prompt)
-        if m:  # the last m steps (no drafter) emitted one token each, the target's greedy one
-            sizes = [len(e) for e in emitted[-m - 1:]]
-            assert all(b - a == 1 for a, b in zip(sizes, sizes[1:])), sizes
-            assert got[-m:] == ref.greedy_decode(tiny_pair[0], prompt + got[:-m], m)
+    cfg = MTADConfig(4, width, 0.5)
+    for prompt, alone, together in zip(prompts, got, batch):
+        want = ref.generate(*tiny_pair, prompt, max_len - len(prompt), cfg,
+                            ref.Sampling(temperature=0.0), max_len=max_len).token_ids
+        assert alone == want and together == want
+    assert stats["sampler_draft_store_misses"] == 0  # no verified draft without probabilities
+
+
+def test_the_reference_context_limit_changes_the_last_rounds(tiny_pair):
+    """The reference's max_len is not a no-op: near the end it drafts shorter searches, and
+    the output differs from the unlimited one for some prompt (else the test above would not
+    test the boundary)."""
+    cfg = MTADConfig(4, 4, 0.5)
+    differ = 0
+    for n in (216, 243, 250, 254):
+        prompt = list(range(10, 10 + n))
+        a = ref.generate(*tiny_pair, prompt, 256 - n, cfg, ref.Sampling(temperature=0.0))
+        b = ref.generate(*tiny_pair, prompt, 256 - n, cfg, ref.Sampling(temperature=0.0),
+                         max_len=256)
+        assert len(b.token_ids) == 256 - n
+        assert all(len(d) <= 256 - n for d in b.drafts)
+        differ += a.token_ids != b.token_ids
+    assert differ > 0

@@ -94,7 +94,9 @@ class BeamKVLayout:
         self.p = bonus_positions.to(torch.int64)
         num_blocks = num_blocks.to(torch.int64).to(dev)
         self.num_blocks = num_blocks
-        self.j0 = (self.p + 1) // bs  # [B] first tail column
+        # [B] first tail column (a row already at max_model_len, drafted for with the rest of
+        # its batch but never verified, keeps the table's last column: it writes nothing).
+        self.j0 = ((self.p + 1) // bs).clamp(max=C - 1)
         c_last = (self.p + max(gamma - 1, 1)) // bs  # [B] last tail column
         self.nb = c_last - self.j0 + 1  # [B] tail columns per beam
         self.nb_max = tail_blocks(gamma, bs)
@@ -143,15 +145,22 @@ class BeamKVLayout:
 
         rows = self.block_table.repeat_interleave(W, dim=0)  # [B*W, C]
         cols = (self.j0[:, None] + torch.arange(self.nb_max, device=rows.device)[None, :])
-        cols = cols.clamp(max=self.C - 1).repeat_interleave(W, dim=0)  # [B*W, nb_max]
+        # In the last block of the context the tail's later columns lie past the table: they
+        # are sent to the first tail column with its value (a scatter with duplicate indices
+        # and different values would pick either).
+        valid = (cols < self.C).repeat_interleave(W, dim=0)
+        cols = torch.where(cols < self.C, cols, self.j0[:, None]).repeat_interleave(W, dim=0)
         in_tail = (torch.arange(self.nb_max, device=rows.device)[None, :]
                    < self.nb[:, None]).repeat_interleave(W, dim=0)
         values = torch.where(in_tail, tab.reshape(B * W, -1), rows.gather(1, cols))
+        values = torch.where(valid, values, values[:, :1])
         rows = rows.scatter(1, cols, values)
 
         slots = torch.where(writable, dst * bs + (wpos % bs)[:, None],
                             torch.full_like(dst, PADDING_SLOT)).reshape(-1)
-        positions = wpos.repeat_interleave(W)
+        # A row past the end of its context (its draft stopped earlier; its output is unused)
+        # attends within the block table: positions at most max_model_len - 1.
+        positions = wpos.clamp(max=self.max_model_len - 1).repeat_interleave(W)
         return BeamStepKV(block_table=rows.to(torch.int32), slot_mapping=slots,
                           positions=positions, seq_lens=(positions + 1).to(torch.int32),
                           copy_src=torch.where(need_copy, src, NULL_BLOCK).reshape(-1),

@@ -30,7 +30,7 @@ from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
 from vllm_mtad.beam_kv import BeamKVLayout
 from vllm_mtad.config import from_additional_config
-from vllm_mtad.core import beam_step, best_beam, is_greedy
+from vllm_mtad.core import beam_step, best_beam, is_greedy, keep_rows
 from vllm_mtad.core.processing import (GREEDY_TEMPERATURE, CandidatePlan, draft_candidates,
                                        plan_candidates)
 from vllm_mtad.log import get_logger
@@ -183,8 +183,13 @@ class MTADProposer(DraftModelProposer):
         V = logits.shape[-1]
         greedy_host, plan = plan_for_batch(ib, B, V, W)
         any_sampled = not all(greedy_host)
+        # Draft steps per row: the scheduler verifies at most max_model_len - L - 1 drafts of a
+        # request with L tokens (its extra token must fit), so a row near the end of its
+        # context drafts a shorter beam search (vLLM would skip the drafter for the whole batch
+        # there; patches/worker/patch_gpu_model_runner.py lets MTAD draft).
+        steps = (self.max_model_len - (p + 1) - 1).clamp(0, gamma)
         ctx = _Round(B, W, gamma, V, dev, temp, top_k, top_p, greedy, seeds, p + 1, any_sampled,
-                     cad)
+                     cad, steps)
         beams_started = time.perf_counter()
         self.stats["first_pass_s"] += beams_started - started
 
@@ -248,10 +253,12 @@ class MTADProposer(DraftModelProposer):
             with phase("draft_vocab"):
                 cands = draft_candidates(logits, rep(ctx.temp), rep(ctx.top_k), rep(ctx.top_p),
                                          plan)
-                overflow = overflow | cands.overflow.view(B, W).any(dim=1)
-                state = beam_step(cands.logprobs.view(B, W, -1), state, W, ctx.greedy,
-                                  ctx.seeds, ctx.first_pos, t, row_width,
-                                  _beams(cands.token_ids, B, W), V, ctx.any_sampled)
+                done = t > ctx.steps  # [B] rows whose context ends before this step
+                overflow = overflow | (cands.overflow.view(B, W).any(dim=1) & ~done)
+                state = keep_rows(beam_step(cands.logprobs.view(B, W, -1), state, W,
+                                            ctx.greedy, ctx.seeds, ctx.first_pos, t, row_width,
+                                            _beams(cands.token_ids, B, W), V, ctx.any_sampled),
+                                  state, done)
 
         tokens, draft_logprobs = best_beam(state)
         return tokens, draft_logprobs, overflow
@@ -275,7 +282,8 @@ class MTADProposer(DraftModelProposer):
             upper = ctx.cad.seq_lens_cpu_upper_bound
             if upper is not None:
                 n_new = getattr(self, "net_num_new_slots_per_request", 1)
-                seq_lens_cpu = (upper[: ctx.B] + n_new + (t - 1)).repeat_interleave(ctx.W)
+                seq_lens_cpu = (upper[: ctx.B] + n_new + (t - 1)).clamp(
+                    max=self.max_model_len).repeat_interleave(ctx.W)
                 max_seq_len = min(ctx.cad.max_seq_len + t - 1, self.max_model_len)
             else:  # not provided by this vLLM path: read them (a sync)
                 seq_lens_cpu = kv.seq_lens.cpu()
@@ -344,6 +352,7 @@ class _Round:
     first_pos: torch.Tensor  # [B] int64, position of the first draft token
     any_sampled: bool
     cad: CommonAttentionMetadata  # the first pass's
+    steps: torch.Tensor  # [B] int64, draft steps of each row (fewer than γ near max_model_len)
     _qsl: tuple | None = None
 
     def query_start_loc(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -76,12 +76,12 @@ def _draw_without_replacement(weights: list[float], n: int, gen: torch.Generator
 
 
 def draft_block(draft, context: list[int], cfg: MTADConfig, sampling: Sampling,
-                gen: torch.Generator) -> tuple[list[int], list[float]]:
-    """Beam search (greedy) or beam sampling over γ steps; returns the best beam's tokens and
-    its per-token draft log-probs."""
+                gen: torch.Generator, steps: int | None = None) -> tuple[list[int], list[float]]:
+    """Beam search (greedy) or beam sampling over ``steps`` (default γ) steps; returns the best
+    beam's tokens and its per-token draft log-probs."""
     # A beam: (score = cumulative log q̃, tokens, per-token log q̃).
     beams: list[tuple[float, list[int], list[float]]] = [(0.0, [], [])]
-    for _ in range(cfg.num_speculative_tokens):
+    for _ in range(cfg.num_speculative_tokens if steps is None else steps):
         lp = _next_logprobs(draft, [context + b[1] for b in beams], sampling).tolist()
         candidates = []  # (joint score, beam index, token), in (beam, token) order
         for b, (score, _, _) in enumerate(beams):
@@ -111,12 +111,15 @@ def _pick(logprobs: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> i
 
 def generate(target, draft, prompt: list[int], max_new_tokens: int, cfg: MTADConfig,
              sampling: Sampling = Sampling(), seed: int = 0, threshold: float | None = None,
-             eos_token_id: int | None = None) -> ReferenceOutput:
+             eos_token_id: int | None = None, max_len: int | None = None) -> ReferenceOutput:
     """Generate up to ``max_new_tokens`` tokens after ``prompt`` with MTAD.
 
     Args:
         target, draft: causal LMs called as ``model(input_ids).logits``.
         threshold: τ for this request; defaults to ``cfg.acceptance_threshold``.
+        max_len: the context limit (vLLM's max_model_len), or None. A round whose context has
+            L tokens drafts min(γ, max_len - L - 1) tokens (a beam search of that many steps),
+            so that the accepted tokens and the extra one fit; generation stops at max_len.
     """
     gen = torch.Generator().manual_seed(seed)
     tau = cfg.acceptance_threshold if threshold is None else threshold
@@ -124,9 +127,12 @@ def generate(target, draft, prompt: list[int], max_new_tokens: int, cfg: MTADCon
 
     first = _pick(_next_logprobs(target, [prompt], sampling)[0], sampling, gen)
     out = ReferenceOutput(token_ids=[first])
-    while len(out.token_ids) < max_new_tokens and out.token_ids[-1] != eos_token_id:
+    limit = max_new_tokens if max_len is None else min(max_new_tokens, max_len - len(prompt))
+    while len(out.token_ids) < limit and out.token_ids[-1] != eos_token_id:
         context = prompt + out.token_ids
-        tokens, draft_lps = draft_block(draft, context, cfg, sampling, gen)
+        steps = None if max_len is None else min(cfg.num_speculative_tokens,
+                                                 max_len - len(context) - 1)
+        tokens, draft_lps = draft_block(draft, context, cfg, sampling, gen, steps)
         # Target distributions at every draft position and one past the last: [γ+1, V].
         with torch.no_grad():
             logits = target(torch.tensor([context + tokens])).logits[0, len(context) - 1:].float()
@@ -146,7 +152,7 @@ def generate(target, draft, prompt: list[int], max_new_tokens: int, cfg: MTADCon
         out.drafts.append(tokens)
         out.accepted_per_step.append(accepted)
         for tok in tokens[:accepted] + [extra]:
-            if len(out.token_ids) < max_new_tokens and out.token_ids[-1] != eos_token_id:
+            if len(out.token_ids) < limit and out.token_ids[-1] != eos_token_id:
                 out.token_ids.append(tok)
     return out
 

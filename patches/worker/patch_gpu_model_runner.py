@@ -3,8 +3,9 @@ keep seeded requests with a chunked prefill from killing the engine on CPU.
 
 Target: vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__ and
     .initialize_kv_cache_tensors (the classic runner; the CPU runner subclasses it), and the
-    module's ``allocate_kv_cache`` (imported from vllm.v1.worker.utils); ``._prepare_inputs``
-    and ``._bookkeeping_sync`` (CPU devices only)
+    module's ``allocate_kv_cache`` (imported from vllm.v1.worker.utils);
+    ``._input_fits_in_drafter`` (MTAD engines only); ``._prepare_inputs`` and
+    ``._bookkeeping_sync`` (CPU devices only)
 Why: the runner builds ``DraftModelProposer`` and ``RejectionSampler`` from names bound at
     import time; MTAD replaces the draft (beam drafting on the paged KV cache) and the
     acceptance rule (longest prefix by joint likelihood ratio). The beams' private tails need
@@ -19,6 +20,12 @@ How: wraps __init__; after it, for MTAD engines only, swaps ``self.drafter`` for
     wrapped allocate_kv_cache then gives the draft layers S = max_num_seqs·(W−1)·tail_blocks
     blocks past the pool (memory set aside by patch_cpu_worker / patch_gpu_worker); vLLM's
     own binding then sees those views. Without an active plan allocate_kv_cache is vLLM's.
+    End of the context (MTAD engines only): vLLM skips the drafter for the whole batch when
+    its longest request comes within γ of max_model_len and schedules placeholder drafts
+    without probabilities; ``_input_fits_in_drafter`` now says yes for MTAD runners, whose
+    drafter shortens each row's beam search to the drafts the scheduler can still verify
+    (max_model_len - L - 1 for a request of L tokens) and never writes KV past max_model_len.
+    (The draft's own context is never shorter: patch_arg_utils refuses such a draft.)
     CPU generator rewind (every engine on a CPU device, MTAD or not): vLLM samples a token
     for a request whose prefill is only partly done and discards it, then "rewinds" the
     request's seeded generator with ``gen.set_offset(gen.get_offset() - 4)`` — a CUDA
@@ -98,6 +105,18 @@ def apply() -> None:
 
         return allocate_kv_cache
 
+    def make_fits(original):
+        @functools.wraps(original)
+        def _input_fits_in_drafter(self, common_attn_metadata):
+            from vllm_mtad.proposer import MTADProposer
+
+            if common_attn_metadata is not None and isinstance(getattr(self, "drafter", None),
+                                                               MTADProposer):
+                return True
+            return original(self, common_attn_metadata)
+
+        return _input_fits_in_drafter
+
     def make_prepare_inputs(original):
         @functools.wraps(original)
         def _prepare_inputs(self, *args, **kwargs):
@@ -127,6 +146,7 @@ def apply() -> None:
 
     patch(GPUModelRunner, "__init__", make, __name__)
     patch(GPUModelRunner, "_prepare_inputs", make_prepare_inputs, __name__)
+    patch(GPUModelRunner, "_input_fits_in_drafter", make_fits, __name__)
     patch(GPUModelRunner, "_bookkeeping_sync", make_bookkeeping, __name__)
     patch(GPUModelRunner, "initialize_kv_cache_tensors", make_init_tensors, __name__)
     patch(gpu_model_runner, "allocate_kv_cache", make_allocate, __name__)

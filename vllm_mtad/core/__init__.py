@@ -3,13 +3,14 @@
 from vllm_mtad.core.acceptance import (AcceptanceResult, DenseTarget, TargetView,
                                        accepted_lengths, accepted_lengths_from, assemble_output,
                                        extra_tokens, extra_tokens_from, mtad_accept)
-from vllm_mtad.core.beam import BeamState, beam_step, best_beam
+from vllm_mtad.core.beam import BeamState, beam_step, best_beam, keep_rows
 from vllm_mtad.core.processing import (CandidatePlan, Candidates, draft_candidates, is_greedy,
                                        plan_candidates, processed_logprobs)
 
 __all__ = [
     "AcceptanceResult", "BeamState", "CandidatePlan", "Candidates", "DenseTarget", "TargetView",
     "accepted_lengths", "accepted_lengths_from", "assemble_output", "beam_step", "best_beam",
-    "draft_candidates", "extra_tokens", "extra_tokens_from", "is_greedy", "mtad_accept",
+    "draft_candidates", "extra_tokens", "extra_tokens_from", "is_greedy", "keep_rows",
+    "mtad_accept",
     "plan_candidates", "processed_logprobs",
 ]

@@ -144,6 +144,24 @@ def beam_step(
                      parents=parents)
 
 
+def keep_rows(new: BeamState, old: BeamState, frozen: torch.Tensor) -> BeamState:
+    """``new`` (one step after ``old``) with the rows in ``frozen`` [B] bool left as they were
+    in ``old``: a row whose context ends before this step drafts fewer steps. Its beams keep
+    their scores and parents (themselves), and get a placeholder token (its last one, log-prob
+    0) that the caller never verifies, so best_beam picks the beam a search of fewer steps would
+    have picked."""
+    B, W = old.scores.shape
+    keep = frozen[:, None]
+    last = old.tokens[:, :, -1:]
+    tokens = torch.where(keep[:, :, None], torch.cat([old.tokens, last], dim=2), new.tokens)
+    lp = torch.where(keep[:, :, None],
+                     torch.cat([old.token_logprobs, torch.zeros_like(last, dtype=torch.float32)],
+                               dim=2), new.token_logprobs)
+    same = torch.arange(W, device=old.parents.device).expand(B, W)
+    return BeamState(scores=torch.where(keep, old.scores, new.scores), tokens=tokens,
+                     token_logprobs=lp, parents=torch.where(keep, same, new.parents))
+
+
 def best_beam(state: BeamState) -> tuple[torch.Tensor, torch.Tensor]:
     """The draft of every row: the beam with the highest score (ties: lowest index).
 
