@@ -24,6 +24,16 @@ def _refused(target_dir, spec, **kwargs) -> str:
     return str(err.value)
 
 
+def _draft_copy(draft_dir, tmp_path, file: str, change) -> str:
+    """A copy of the draft with ``change`` applied to one of its JSON files."""
+    copy = tmp_path / "draft"
+    shutil.copytree(draft_dir, copy)
+    data = json.loads((copy / file).read_text())
+    change(data)
+    (copy / file).write_text(json.dumps(data))
+    return copy
+
+
 def test_missing_draft_directory(tiny_pair_dirs, tmp_path):
     target_dir, _ = tiny_pair_dirs
     msg = _refused(target_dir, mtad_spec(tmp_path / "no-such-draft"))
@@ -42,13 +52,13 @@ def test_unreadable_draft_config(tiny_pair_dirs, tmp_path):
 def test_draft_with_another_tokenizer(tiny_pair_dirs, tmp_path):
     """Same vocabulary size, two tokens' ids swapped: vLLM would run it, MTAD refuses."""
     target_dir, draft_dir = tiny_pair_dirs
-    other = tmp_path / "draft"
-    shutil.copytree(draft_dir, other)
-    tok = json.loads((other / "tokenizer.json").read_text())
-    vocab = tok["model"]["vocab"]
-    a, b = sorted(vocab, key=vocab.get)[100:102]
-    vocab[a], vocab[b] = vocab[b], vocab[a]
-    (other / "tokenizer.json").write_text(json.dumps(tok))
+
+    def swap_two(tok):
+        vocab = tok["model"]["vocab"]
+        a, b = sorted(vocab, key=vocab.get)[100:102]
+        vocab[a], vocab[b] = vocab[b], vocab[a]
+
+    other = _draft_copy(draft_dir, tmp_path, "tokenizer.json", swap_two)
     msg = _refused(target_dir, mtad_spec(other))
     assert "MTAD setting 'model'" in msg and "tokenizer differs" in msg, msg
 
@@ -62,11 +72,8 @@ def test_gamma_that_cannot_fit_max_model_len(tiny_pair_dirs):
 def test_draft_whose_context_is_shorter_than_max_model_len(tiny_pair_dirs, tmp_path):
     """vLLM would start and silently stop drafting past the draft's 256 positions."""
     target_dir, draft_dir = tiny_pair_dirs
-    short = tmp_path / "draft"
-    shutil.copytree(draft_dir, short)
-    config = json.loads((short / "config.json").read_text())
-    config["max_position_embeddings"] = 256
-    (short / "config.json").write_text(json.dumps(config))
+    short = _draft_copy(draft_dir, tmp_path, "config.json",
+                        lambda config: config.update(max_position_embeddings=256))
     msg = _refused(target_dir, mtad_spec(short), max_model_len=1024)
     assert "MTAD setting 'model'" in msg and "--max-model-len 256" in msg, msg
     # Accepted when the engine's context fits the draft's.

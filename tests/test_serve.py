@@ -239,7 +239,7 @@ def test_fuzzed_requests_get_200_or_4xx_and_the_server_lives(server, tiny_pair_d
                           headers={"Content-Type": "application/json"}, timeout=120)
         return r.status_code
 
-    @settings(max_examples=150, deadline=None, derandomize=True,
+    @settings(max_examples=120, deadline=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(st.one_of(st.tuples(st.just("/v1/completions"), completion),
                      st.tuples(st.just("/v1/chat/completions"), chat)))
@@ -269,7 +269,7 @@ def test_fuzzed_requests_get_200_or_4xx_and_the_server_lives(server, tiny_pair_d
     print(f"{len(answers)} fuzzed requests: {answers.count(200)} x 200, "
           f"{sum(400 <= a < 500 for a in answers)} x 4xx, {len(vllm_own_5xx)} x 5xx that plain "
           f"vLLM gives too: {vllm_own_5xx[:3]}")
-    assert answers.count(200) >= 30 and sum(400 <= a < 500 for a in answers) >= 30, answers
+    assert answers.count(200) >= 25 and sum(400 <= a < 500 for a in answers) >= 25, answers
     ok = requests.post(f"{base}/v1/completions", timeout=120, json={
         "model": model, "prompt": PROMPT_IDS, "max_tokens": 8, "temperature": 0.0})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 8
