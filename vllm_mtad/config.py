@@ -161,12 +161,16 @@ def check_draft_model(draft: str, target: str | None) -> None:
     if not _looks_local(draft):
         return
     path = os.path.expanduser(draft)
+    if os.path.isfile(path):
+        return  # a single-file model (GGUF): vLLM reads it
     if not os.path.isdir(path):
         raise ValueError(
             f"MTAD setting 'model': the draft model directory {draft!r} does not exist. Give the "
             "path of a local Hugging Face model directory (config.json and weights) or a model "
             "name on the Hugging Face Hub.")
     config_file = os.path.join(path, "config.json")
+    if not os.path.exists(config_file) and os.path.exists(os.path.join(path, "params.json")):
+        return  # Mistral format: vLLM reads it
     try:
         with open(config_file) as fh:
             json.load(fh)
@@ -182,17 +186,27 @@ def check_draft_model(draft: str, target: str | None) -> None:
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
+def _base_vocab(tokenizer) -> dict[str, int]:
+    """The tokenizer's vocabulary without added tokens (all of it for slow tokenizers)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return backend.get_vocab(with_added_tokens=False)
+    return tokenizer.get_vocab()
+
+
 def _check_same_tokenizer(draft: str, target: str) -> None:
     if not any(os.path.exists(os.path.join(draft, f)) for f in _TOKENIZER_FILES):
         return  # no tokenizer of its own: vLLM uses the target's
     from transformers import AutoTokenizer
 
     try:
-        vocab_d = AutoTokenizer.from_pretrained(draft).get_vocab()
-        vocab_t = AutoTokenizer.from_pretrained(target).get_vocab()
+        vocab_d = _base_vocab(AutoTokenizer.from_pretrained(draft))
+        vocab_t = _base_vocab(AutoTokenizer.from_pretrained(target))
     except Exception:  # noqa: BLE001 — an unloadable tokenizer is vLLM's to report
         return
-    differ = [tok for tok, i in vocab_t.items() if vocab_d.get(tok) != i]
+    # Regular tokens only: added/special tokens may be named differently in a family (e.g.
+    # reserved special tokens) while every regular token keeps its id.
+    differ = [tok for tok, i in vocab_t.items() if tok in vocab_d and vocab_d[tok] != i]
     differ += [tok for tok in vocab_d if tok not in vocab_t]
     if differ:
         raise ValueError(
@@ -202,23 +216,21 @@ def _check_same_tokenizer(draft: str, target: str) -> None:
             "ids, so the draft must use the target's tokenizer.")
 
 
-def check_context_fits(gamma: int, max_model_len: int, draft_max_model_len: int | None,
-                       draft_len_explicit: bool) -> None:
-    """Refuse, naming the keys, a γ no request can draft and (unless the user set the draft's
-    'max_model_len' on purpose) a draft whose context is shorter than the engine's: past it vLLM
-    stops drafting for every request of a batch that holds a longer one."""
+def check_context_fits(gamma: int, max_model_len: int, draft_max_model_len: int | None) -> None:
+    """Refuse, naming the keys, a γ no request can draft, and a draft whose context is shorter
+    than the engine's: MTAD drafts up to the end of the engine's context (vLLM would stop
+    drafting for every request of a batch that holds a longer one, and past its positions a
+    draft's rotary tables end)."""
     if gamma + 1 >= max_model_len:
         raise ValueError(
             f"MTAD setting 'num_speculative_tokens'={gamma} cannot fit max_model_len="
             f"{max_model_len}: a round needs γ draft slots past at least one prompt token and "
             f"the target's extra token. Allowed: num_speculative_tokens <= {max_model_len - 2}; "
             "or raise --max-model-len.")
-    if (draft_max_model_len is not None and draft_max_model_len < max_model_len
-            and not draft_len_explicit):
+    if draft_max_model_len is not None and draft_max_model_len < max_model_len:
         raise ValueError(
-            f"MTAD setting 'model': the draft's context ({draft_max_model_len} tokens, its "
-            f"max_position_embeddings) is shorter than the engine's max_model_len "
-            f"({max_model_len}); past it vLLM stops drafting for every request in the batch. "
-            f"Set --max-model-len {draft_max_model_len} or lower, use a draft with a longer "
-            f"context, or set \"max_model_len\": {draft_max_model_len} in the speculative config "
-            "to accept drafting only below it.")
+            f"MTAD setting 'model': the draft's context ({draft_max_model_len} tokens: its "
+            f"max_position_embeddings, or the speculative config's max_model_len) is shorter "
+            f"than the engine's max_model_len ({max_model_len}); MTAD drafts up to the end of "
+            f"the engine's context. Set --max-model-len {draft_max_model_len} or lower, or use a "
+            "draft with a longer context.")

@@ -237,7 +237,7 @@ class MTADProposer(DraftModelProposer):
         # Step 1: W distinct tokens from the first-pass distribution.
         with phase("draft_vocab"):
             cands = draft_candidates(first_logits, ctx.temp, ctx.top_k, ctx.top_p, plan)
-            overflow = cands.overflow
+            overflow = cands.overflow & (ctx.steps > 0)  # rows with no step left: unverified
             state = beam_step(cands.logprobs[:, None], None, W, ctx.greedy, ctx.seeds,
                               ctx.first_pos, 1, row_width, _beams(cands.token_ids, B, 1), V,
                               ctx.any_sampled)

