@@ -1,0 +1,127 @@
+"""Pins of the vLLM internals the glue relies on: a vLLM upgrade that changes one fails here,
+naming the internal and the file to re-check, instead of failing in a server.
+
+Each pin is the internal's signature (as vLLM 0.32.0 has it); where the glue copies upstream
+code or depends on its exact lines, also a hash of (or lines in) the upstream source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+
+import pytest
+
+pytestmark = pytest.mark.patches
+
+P = "patches/worker/patch_gpu_model_runner.py"
+PINS = [
+    # (module, qualified name, signature, glue file to re-check, sha256[:16] of the source)
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.__init__",
+     "(self, vllm_config: vllm.config.vllm.VllmConfig, device: torch.device)", P, None),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.initialize_kv_cache_tensors",
+     "(self, kv_cache_config: vllm.v1.kv_cache_interface.KVCacheConfig, kernel_block_sizes: "
+     "list[int], kv_cache_allocation_context: contextlib.AbstractContextManager | None = None)"
+     " -> dict[str, torch.Tensor]", P, None),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._input_fits_in_drafter",
+     "(self, common_attn_metadata: vllm.v1.attention.backend.CommonAttentionMetadata | None) "
+     "-> bool", P, "24d6a45dca3c60dc"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._prepare_inputs",
+     "(self, scheduler_output: 'SchedulerOutput', num_scheduled_tokens: numpy.ndarray) -> "
+     "tuple[torch.Tensor, vllm.v1.spec_decode.metadata.SpecDecodeMetadata | None, int]", P,
+     None),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._sample",
+     "(self, logits: torch.Tensor | None, spec_decode_metadata: "
+     "vllm.v1.spec_decode.metadata.SpecDecodeMetadata | None) -> vllm.v1.outputs.SamplerOutput",
+     "patches/worker/patch_phase_timers.py", None),
+    ("vllm.v1.worker.gpu_model_runner", "allocate_kv_cache",
+     "(kv_cache_config: vllm.v1.kv_cache_interface.KVCacheConfig, device: torch.device, "
+     "layout: vllm.v1.kv_cache_layout.KVCacheLayout, kernel_block_sizes: list[int] | None = "
+     "None) -> dict[str, torch.Tensor]", "vllm_mtad/draft_scratch.py", None),
+    ("vllm.v1.kv_cache_interface", "create_kv_cache_views",
+     "(raw: 'torch.Tensor', spec: 'KVCacheSpec', num_blocks: 'int', layout: 'KVCacheLayout', "
+     "kv_cache_tensor: 'KVCacheTensor', kernel_block_size: 'int | None' = None) -> "
+     "'list[torch.Tensor]'", "vllm_mtad/draft_scratch.py", None),
+    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.set_inputs_first_pass",
+     "(self, target_token_ids: torch.Tensor, next_token_ids: torch.Tensor, target_positions: "
+     "torch.Tensor, target_hidden_states: torch.Tensor, token_indices_to_sample: torch.Tensor "
+     "| None, cad: vllm.v1.attention.backend.CommonAttentionMetadata, num_rejected_tokens_gpu: "
+     "torch.Tensor | None) -> tuple[int, torch.Tensor, "
+     "vllm.v1.attention.backend.CommonAttentionMetadata]", "vllm_mtad/proposer.py", None),
+    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._sample_draft_tokens",
+     "(self, hidden_states: torch.Tensor, sampling_metadata: "
+     "vllm.v1.sample.metadata.SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]",
+     "vllm_mtad/proposer.py", None),
+    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.initialize_attn_backend",
+     "(self, kv_cache_config: vllm.v1.kv_cache_interface.KVCacheConfig, kernel_block_sizes: "
+     "list[int] | None = None) -> None", "vllm_mtad/proposer.py", None),
+    ("vllm.v1.spec_decode.draft_model", "DraftModelProposer.__init__",
+     "(self, vllm_config: vllm.config.vllm.VllmConfig, device: torch.device, runner=None)",
+     "vllm_mtad/proposer.py", None),
+    ("vllm.v1.worker.utils", "AttentionGroup.create_metadata_builders",
+     "(self, vllm_config, device, kernel_block_size: int | None = None, "
+     "num_metadata_builders: int = 1)", "vllm_mtad/proposer.py", None),
+    ("vllm.v1.worker.utils", "AttentionGroup.build_metadata_for_drafting",
+     "(self, common_attn_metadata: vllm.v1.attention.backend.CommonAttentionMetadata, "
+     "draft_index: int) -> Any", "vllm_mtad/proposer.py", None),
+    # vllm_mtad/sampler.py's forward re-implements this one with the acceptance swapped.
+    ("vllm.v1.sample.rejection_sampler", "RejectionSampler.forward",
+     "(self, metadata: 'SpecDecodeMetadata', draft_probs: 'torch.Tensor | None', logits: "
+     "'torch.Tensor', sampling_metadata: 'SamplingMetadata') -> 'SamplerOutput'",
+     "vllm_mtad/sampler.py", "c82e51bdd5a8dc3c"),
+    ("vllm.engine.arg_utils", "EngineArgs.create_speculative_config",
+     "(self, target_model_config: vllm.config.model.ModelConfig, target_parallel_config: "
+     "vllm.config.parallel.ParallelConfig) -> vllm.config.speculative.SpeculativeConfig | None",
+     "patches/engine/patch_arg_utils.py", None),
+    ("vllm.config", "VllmConfig._get_v2_model_runner_unsupported_features",
+     "(self) -> list[str]", "patches/engine/patch_config_vllm.py", None),
+    ("vllm.v1.worker.cpu_worker", "CPUWorker.determine_available_memory", "(self) -> int",
+     "patches/worker/patch_cpu_worker.py", None),
+    ("vllm.v1.worker.gpu_worker", "Worker.determine_available_memory", "(self) -> int",
+     "patches/worker/patch_gpu_worker.py", None),
+]
+
+
+def _resolve(module: str, qualname: str):
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return inspect.unwrap(obj)  # the upstream function under any wrapper of ours
+
+
+@pytest.mark.parametrize("module,qualname,signature,glue,source_hash", PINS,
+                         ids=[p[1] for p in PINS])
+def test_vllm_internal_is_as_the_glue_expects(module, qualname, signature, glue, source_hash):
+    func = _resolve(module, qualname)
+    got = str(inspect.signature(func))
+    assert got == signature, (f"vLLM internal {module}.{qualname} changed its signature to "
+                              f"{got}; re-check {glue} for this vLLM version")
+    if source_hash is not None:
+        digest = hashlib.sha256(inspect.getsource(func).encode()).hexdigest()[:16]
+        assert digest == source_hash, (f"vLLM internal {module}.{qualname} changed its code "
+                                       f"(sha256 {digest}); re-check {glue}, which copies or "
+                                       "overrides it, against the new source")
+
+
+def test_the_generator_rewind_the_cpu_patch_replaces_is_still_there():
+    """patch_gpu_model_runner restores discarded rows' generators and hides them from this
+    loop; if vLLM changes the loop (or stops rewinding on CPU), the patch must be re-checked."""
+    src = inspect.getsource(_resolve("vllm.v1.worker.gpu_model_runner",
+                                     "GPUModelRunner._bookkeeping_sync"))
+    for line in ("self.discard_request_mask.np[:num_reqs]",
+                 "gen = self.input_batch.generators.get(int(i))",
+                 "gen.set_offset(gen.get_offset() - 4)"):
+        assert line in src, (f"vLLM's _bookkeeping_sync no longer has {line!r}; re-check {P}")
+    prepare = inspect.getsource(_resolve("vllm.v1.worker.gpu_model_runner",
+                                         "GPUModelRunner._prepare_inputs"))
+    assert "self.discard_request_mask.np[:num_reqs] = (" in prepare, (
+        f"vLLM's _prepare_inputs no longer sets the discard mask; re-check {P}")
+
+
+def test_a_changed_internal_fails_with_the_file_to_recheck():
+    """The pin can fail: a signature that differs is reported with the glue file."""
+    with pytest.raises(AssertionError, match="re-check vllm_mtad/proposer.py"):
+        test_vllm_internal_is_as_the_glue_expects(
+            "vllm.v1.spec_decode.draft_model", "DraftModelProposer.__init__",
+            "(self, vllm_config, device)", "vllm_mtad/proposer.py", None)
