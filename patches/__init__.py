@@ -2,8 +2,10 @@
 
 ``engine/`` holds patches that matter in the front end and engine-core processes, ``worker/``
 those that matter in the model-runner processes. :func:`vllm_mtad.plugin.register` applies all
-of them in every process (each is cheap, idempotent and inert for engines without MTAD, except
-the named vLLM bug fix). Installed as ``vllm_mtad.patches``; nothing patches at import time.
+of them in every process (each apply() is cheap and idempotent — it returns when its target is
+already patched, while vllm_mtad.patching.patch itself refuses a second patch of an attribute —
+and inert for engines without MTAD, except the named vLLM bug fixes). Installed as
+``vllm_mtad.patches``; nothing patches at import time.
 Every file opens with the same header fields (checked by tests/test_patches.py):
 Target, Why, How, Upstream, Checked, Removal.
 """

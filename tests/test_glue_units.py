@@ -144,3 +144,41 @@ def test_request_keys_refuse_engine_wide_keys_and_typos_only():
                         ("greedy_acceptence", "greedy_acceptance")):
         with pytest.raises(ValueError, match=f"did you mean '{meant}'"):
             request_settings({typo: 0.3}, cfg)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_draft_processing_equals_vllm_apply_sampling_constraints(seed):
+    """The draft side's processed distribution (vllm_mtad.core.processing) is the one vLLM's
+    rejection sampler gives the target (rejection_sampler.apply_sampling_constraints): same
+    logits and parameters, same log-probabilities and the same tokens removed, for sampled rows
+    with temperature, top-k and top-p. (Greedy rows compare unprocessed distributions by
+    design; vLLM applies no min-p there and MTAD refuses min-p requests.) The metadata is a
+    stand-in with the four fields the function reads."""
+    from types import SimpleNamespace
+
+    from vllm.platforms import current_platform
+    from vllm.v1.sample.rejection_sampler import apply_sampling_constraints
+
+    from vllm_mtad.core.processing import processed_logprobs
+
+    if current_platform.is_cpu():  # what an engine start does on CPU (plugin patch first)
+        from vllm_mtad.patches.worker import patch_cpu_triton_utils
+
+        patch_cpu_triton_utils.apply()
+        current_platform.register_triton_kernel_overrides()
+
+    gen = torch.Generator().manual_seed(seed)
+    N, V = 24, 300
+    logits = torch.randn(N, V, generator=gen) * 3
+    temperature = torch.rand(N, generator=gen) * 1.5 + 0.2
+    top_k = torch.tensor([[V, 1, 5, 40, V - 1, V][i % 6] for i in range(N)])  # V: off (vLLM)
+    top_p = torch.tensor([[1.0, 0.9, 0.5, 0.05][i % 4] for i in range(N)])
+    meta = SimpleNamespace(temperature=temperature, all_greedy=False, all_random=True,
+                           top_k=top_k, top_p=top_p)
+    theirs = apply_sampling_constraints(logits.clone(), torch.arange(1, N + 1), meta)
+    theirs = torch.log_softmax(theirs.float(), dim=-1)
+    ours = processed_logprobs(logits.clone(), temperature, top_k, top_p)
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
+    finite = ~torch.isinf(ours)
+    assert torch.allclose(ours[finite], theirs[finite], atol=1e-5)
+    assert (torch.isinf(ours).sum(dim=1) > 0).sum() >= N // 2  # the constraints did cut

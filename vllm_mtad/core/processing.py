@@ -1,4 +1,6 @@
-"""The request's processed distribution, applied identically to draft and target logits.
+"""The request's processed distribution, for the draft's logits (and the target's in MTAD's
+sampler when every sampled request uses top-k; otherwise the sampler uses vLLM's own
+apply_sampling_constraints, which gives the same distribution: tests/test_glue_units.py).
 
 MTAD compares draft and target probabilities of the same tokens, so both must be processed by
 the same rule. For sampled rows (temperature > 0) this follows vLLM's sampler, in vLLM's order:
