@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -73,13 +74,17 @@ def serve_env(cmd: list[str] = ()) -> dict:
 
 
 @contextmanager
-def running_server(cmd: list[str], model: str, log: Path, port: int, startup_s: float = 300):
-    """Start ``cmd`` (a ``vllm-mtad serve`` command line), wait for /health, stop it after."""
+def running_server(cmd: list[str], model: str, log: Path, port: int, startup_s: float = 300,
+                   env_extra: dict | None = None, cwd: Path | None = None):
+    """Start ``cmd`` (a ``vllm-mtad serve`` command line, or a shell running one) in its own
+    process group, wait for /health, and stop the whole group after."""
     import requests
 
     log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**serve_env(cmd), **(env_extra or {})}
     with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=serve_env(cmd))
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + startup_s
@@ -97,12 +102,19 @@ def running_server(cmd: list[str], model: str, log: Path, port: int, startup_s: 
             time.sleep(1)
         yield Server(proc, base, model, log)
     finally:
-        proc.terminate()
+        _signal_group(proc, signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            _signal_group(proc, signal.SIGKILL)
             proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:  # the group is gone already
+        pass
 
 
 def read_metrics(base: str) -> dict[str, float]:

@@ -294,42 +294,17 @@ def test_readme_structured_outputs_example_runs(server):
 def test_readme_cpu_quick_start_serves(tmp_path):
     """The README's CPU quick start, run as written (port swapped; the tiny pair built in a
     fresh cache directory), answers a completion."""
-    import os
-    import signal
-
     import requests
 
-    root = Path(__file__).parent.parent
     block = _readme_block("### CPU quick start", "bash")
     assert "--port 8000" in block and "VLLM_CPU_KVCACHE_SPACE=1" in block
     port = free_port()
-    env = {**os.environ, "VLLM_MTAD_CACHE_DIR": str(tmp_path / "cache")}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    log = open(tmp_path / "quick_start.log", "w")
-    proc = subprocess.Popen(["bash", "-c", block.replace("--port 8000", f"--port {port}")],
-                            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-        deadline = time.time() + 300
-        while True:
-            assert proc.poll() is None, (tmp_path / "quick_start.log").read_text()[-3000:]
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.time() < deadline, (tmp_path / "quick_start.log").read_text()[-3000:]
-            time.sleep(1)
-        model = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()
-        target = model["data"][0]["id"]
-        r = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120, json={
+    cmd = ["bash", "-c", block.replace("--port 8000", f"--port {port}")]
+    with running_server(cmd, "", tmp_path / "quick_start.log", port,
+                        env_extra={"VLLM_MTAD_CACHE_DIR": str(tmp_path / "cache")},
+                        cwd=Path(__file__).parent.parent) as srv:
+        target = requests.get(f"{srv.base}/v1/models", timeout=30).json()["data"][0]["id"]
+        r = requests.post(f"{srv.base}/v1/completions", timeout=120, json={
             "model": target, "prompt": "def split(", "max_tokens": 16, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
-        assert "MTAD enabled with" in (tmp_path / "quick_start.log").read_text()
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+        assert "MTAD enabled with" in srv.log.read_text()

@@ -148,8 +148,9 @@ class BeamKVLayout:
         # In the last block of the context the tail's later columns lie past the table: they
         # are sent to the first tail column with its value (a scatter with duplicate indices
         # and different values would pick either).
-        valid = (cols < self.C).repeat_interleave(W, dim=0)
-        cols = torch.where(cols < self.C, cols, self.j0[:, None]).repeat_interleave(W, dim=0)
+        inside = cols < self.C
+        valid = inside.repeat_interleave(W, dim=0)
+        cols = torch.where(inside, cols, self.j0[:, None]).repeat_interleave(W, dim=0)
         in_tail = (torch.arange(self.nb_max, device=rows.device)[None, :]
                    < self.nb[:, None]).repeat_interleave(W, dim=0)
         values = torch.where(in_tail, tab.reshape(B * W, -1), rows.gather(1, cols))

@@ -151,9 +151,9 @@ class MTADRejectionSampler(RejectionSampler):
             return torch.zeros(target.B, target.gamma, device=target.device), None
         # The channel is empty: a request missing from vLLM's last round (skipped by the
         # scheduler for a step) is verified against its own latest draft, from the store.
-        # Drafts the store does not hold are not MTAD's: near max_model_len vLLM skips the
-        # drafter for the whole batch (GPUModelRunner._input_fits_in_drafter) and schedules
-        # placeholder drafts of token 0 without probabilities. Those rows accept no draft
+        # Drafts the store does not hold are not MTAD's: vLLM's placeholder drafts of token 0,
+        # without probabilities, when it skips the drafter for a batch (near max_model_len it
+        # no longer does for MTAD runners: patch_gpu_model_runner). Those rows accept no draft
         # token (their step emits the target's own token), so MTAD never accepts a token its
         # draft did not propose.
         logprobs, matches = self.runner.drafter.drafts.lookup(list(req_ids), target.drafts)
