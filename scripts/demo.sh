@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The main job: set up .venv, then run the MTAD demo. Arguments go to `python -m vllm_mtad.demo`.
+# The main job: set up .venv, then run the MTAD demo. Arguments go to `python -m devtools.demo`.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
-exec python -m vllm_mtad.demo "$@"
+exec python -m devtools.demo "$@"

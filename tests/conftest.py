@@ -14,7 +14,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 @pytest.fixture(scope="session")
 def tiny_pair_dirs(tmp_path_factory):
     """(target_dir, draft_dir) of a tiny random Llama pair built for this test session."""
-    from vllm_mtad.tiny_models import build_tiny_pair
+    from devtools.tiny_models import build_tiny_pair
 
     return build_tiny_pair(tmp_path_factory.mktemp("models"))
 
@@ -22,6 +22,6 @@ def tiny_pair_dirs(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_pair(tiny_pair_dirs):
     """The tiny pair loaded as (target, draft) transformers models."""
-    from vllm_mtad.tiny_models import load_pair
+    from devtools.tiny_models import load_pair
 
     return load_pair(*tiny_pair_dirs)

@@ -1,43 +1,18 @@
-"""Helpers for tests that run the real vLLM engine on the tiny pair."""
+"""The tests' preset for the real vLLM engine on the tiny pair (devtools.engine builds it)."""
 
 from __future__ import annotations
 
-import gc
+from devtools.engine import build_llm, close, mtad_spec, spec_counters  # noqa: F401  (re-exported)
 
 # Per-token KV bytes of the tiny pair: (4 target + 3 draft layers) x (K, V) x 2 KV heads x 32
 # head dims x 4 bytes.
 TINY_KV_BYTES_PER_TOKEN = 7 * 2 * 2 * 32 * 4
 
 
-def mtad_spec(draft_dir, gamma=4, width=4, tau=0.5, greedy_acceptance="joint", **extra):
-    return {"method": "mtad", "model": str(draft_dir), "num_speculative_tokens": gamma,
-            "beam_width": width, "acceptance_threshold": tau,
-            "greedy_acceptance": greedy_acceptance, **extra}
-
-
 def make_llm(target_dir, speculative_config=None, kv_tokens=16384, **kwargs):
-    from vllm import LLM
-
-    defaults = dict(dtype="float32", max_model_len=1024, max_num_seqs=8, enforce_eager=True,
-                    block_size=32, seed=0)
-    defaults.update(kwargs)
-    return LLM(model=str(target_dir), speculative_config=speculative_config,
-               kv_cache_memory_bytes=kv_tokens * TINY_KV_BYTES_PER_TOKEN, **defaults)
-
-
-def close(llm) -> None:
-    del llm
-    gc.collect()
-
-
-def spec_metrics(llm) -> dict:
-    """vLLM's own spec-decode counters from LLM.get_metrics() (needs disable_log_stats=False)."""
-    out = {}
-    for metric in llm.get_metrics():
-        if metric.name.startswith("vllm:spec_decode"):
-            key = metric.name.removeprefix("vllm:spec_decode_")
-            out[key] = getattr(metric, "values", None) or metric.value
-    return out
+    """An engine on the tiny pair with room for ``kv_tokens`` tokens of KV."""
+    return build_llm(target_dir, speculative_config,
+                     kv_cache_bytes=kv_tokens * TINY_KV_BYTES_PER_TOKEN, **kwargs)
 
 
 def token_prompts(prompts):

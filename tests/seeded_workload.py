@@ -59,7 +59,7 @@ if __name__ == "__main__":
     import tempfile
     from pathlib import Path
 
-    from vllm_mtad.tiny_models import build_tiny_pair
+    from devtools.tiny_models import build_tiny_pair
 
     with tempfile.TemporaryDirectory() as tmp:
         target, draft = build_tiny_pair(Path(tmp))

@@ -90,7 +90,7 @@ def test_compare_speed_only_plan():
 
 
 def test_demo_tiny(tmp_path):
-    out = run_module(["vllm_mtad.demo", "--tiny", "--max-tokens", "16"], tmp_path)
+    out = run_module(["devtools.demo", "--tiny", "--max-tokens", "16"], tmp_path)
     table = [line for line in out.splitlines() if line.startswith("| ")]
     assert table[0].startswith("| method |") and len(table) == 4  # header + 3 methods
     mtad_row = table[-1].split("|")

@@ -1,16 +1,17 @@
 """MTAD through the real vLLM engine (LLM(), in-process, CPU) on the tiny random pair.
 
 Greedy modes are compared token for token with the independent reference implementation
-(vllm_mtad.reference) or with vLLM's own greedy decoding; sampled mode with statistics.
+(devtools.reference) or with vLLM's own greedy decoding; sampled mode with statistics.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.engine_utils import close, generate_ids, make_llm, mtad_spec, spec_metrics
+from devtools import reference as ref
+from devtools.engine import metric_sum
+from tests.engine_utils import close, generate_ids, make_llm, mtad_spec, spec_counters
 from tests.helpers import chi_square_pvalue
-from vllm_mtad import reference as ref
 from vllm_mtad.config import MTADConfig
 
 pytestmark = pytest.mark.e2e
@@ -30,7 +31,7 @@ def test_greedy_joint_matches_reference(tiny_pair_dirs, tiny_pair, gamma, width,
     target_dir, draft_dir = tiny_pair_dirs
     llm = make_llm(target_dir, mtad_spec(draft_dir, gamma, width, tau), disable_log_stats=False)
     got = generate_ids(llm, PROMPTS, greedy_params())
-    metrics = spec_metrics(llm)
+    metrics = spec_counters(llm)
     close(llm)
     cfg = MTADConfig(gamma, width, tau)
     steps = accepted = 0
@@ -40,10 +41,10 @@ def test_greedy_joint_matches_reference(tiny_pair_dirs, tiny_pair, gamma, width,
         steps += len(want.accepted_per_step)
         accepted += sum(want.accepted_per_step)
     # vLLM's standard counters agree with the reference's own bookkeeping.
-    assert metrics["num_drafts"] == steps
-    assert metrics["num_accepted_tokens"] == accepted
-    assert metrics["num_draft_tokens"] == steps * gamma
-    assert sum(metrics["num_accepted_tokens_per_pos"]) == accepted
+    assert metrics["drafts"] == steps
+    assert metrics["accepted"] == accepted
+    assert metrics["draft_tokens"] == steps * gamma
+    assert sum(metrics["per_pos"]) == accepted
 
 
 def test_greedy_joint_matches_reference_across_block_boundaries(tiny_pair_dirs, tiny_pair):
@@ -111,19 +112,19 @@ def test_draft_equal_to_target_accepts_everything_when_sampling(tiny_pair_dirs):
     # rounding between batch shapes, hence τ = 0.5 rather than 1).
     llm = make_llm(target_dir, mtad_spec(target_dir, 4, 4, 0.5), disable_log_stats=False)
     generate_ids(llm, PROMPTS, [sampled_params(41, seed=i) for i in range(len(PROMPTS))])
-    m = spec_metrics(llm)
+    m = spec_counters(llm)
     close(llm)
-    assert m["num_drafts"] > 0 and m["num_accepted_tokens"] == m["num_draft_tokens"]
-    assert 1 + m["num_accepted_tokens"] / m["num_drafts"] == 5.0  # γ + 1
+    assert m["drafts"] > 0 and m["accepted"] == m["draft_tokens"]
+    assert 1 + m["accepted"] / m["drafts"] == 5.0  # γ + 1
 
 
 def test_tiny_threshold_accepts_everything(tiny_pair_dirs):
     target_dir, draft_dir = tiny_pair_dirs
     llm = make_llm(target_dir, mtad_spec(draft_dir, 3, 2, 1e-30), disable_log_stats=False)
     generate_ids(llm, PROMPTS, [sampled_params(33, seed=i) for i in range(len(PROMPTS))])
-    m = spec_metrics(llm)
+    m = spec_counters(llm)
     close(llm)
-    assert m["num_drafts"] > 0 and m["num_accepted_tokens"] == m["num_draft_tokens"]
+    assert m["drafts"] > 0 and m["accepted"] == m["draft_tokens"]
 
 
 def test_same_seed_same_output_across_runs_and_batches(tiny_pair_dirs):
@@ -157,10 +158,10 @@ def test_accepted_length_distribution_matches_reference(tiny_pair_dirs, tiny_pai
     params = [SamplingParams(max_tokens=n_tok, temperature=1.0, top_k=10, top_p=0.9, seed=s,
                              ignore_eos=True) for s in range(n_req)]
     generate_ids(llm, [prompt] * n_req, params)
-    m = spec_metrics(llm)
+    m = spec_counters(llm)
     close(llm)
-    per_pos = list(m["num_accepted_tokens_per_pos"]) + [0]
-    vllm_hist = {k: (per_pos[k - 1] if k else m["num_drafts"]) - per_pos[k]
+    per_pos = list(m["per_pos"]) + [0]
+    vllm_hist = {k: (per_pos[k - 1] if k else m["drafts"]) - per_pos[k]
                  for k in range(gamma + 1)}
 
     cfg = MTADConfig(gamma, width, 0.5)
@@ -299,7 +300,7 @@ def test_preemption_keeps_outputs_correct(tiny_pair_dirs, tiny_pair):
     llm = make_llm(target_dir, mtad_spec(draft_dir, 4, 4, 0.5), kv_tokens=38 * 32,
                    disable_log_stats=False, max_model_len=512)
     got = generate_ids(llm, prompts, greedy_params(100))
-    preemptions = sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+    preemptions = metric_sum(llm, "vllm:num_preemptions")
     close(llm)
     assert preemptions > 0
     cfg = MTADConfig(4, 4, 0.5)
@@ -354,7 +355,7 @@ def test_preemption_moves_rounds_of_seeded_samples_as_in_vllm_sd(tiny_pair_dirs,
         llm = make_llm(target_dir, spec, kv_tokens=kv_tokens, max_model_len=512,
                        disable_log_stats=False)
         out = generate_ids(llm, prompts, params)
-        pre = sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+        pre = metric_sum(llm, "vllm:num_preemptions")
         close(llm)
         return out, pre
 
@@ -412,7 +413,7 @@ def test_draft_with_another_vocabulary_is_refused(tiny_pair_dirs, tmp_path):
 
 EXPAND_CHECK = """
 import sys
-from tests.engine_utils import make_llm, generate_ids, spec_metrics
+from tests.engine_utils import make_llm, generate_ids, spec_counters
 from vllm import SamplingParams
 target = sys.argv[1]
 spec = {"method": "draft_model", "model": target, "num_speculative_tokens": 3,
@@ -421,8 +422,8 @@ llm = make_llm(target, spec, disable_log_stats=False)
 generate_ids(llm, [[5, 6, 7, 8, 9], list(range(10, 50)), [100] * 3],
              [SamplingParams(max_tokens=40, temperature=0.8, seed=i, ignore_eos=True)
               for i in range(3)])
-m = spec_metrics(llm)
-print("ACCEPTED", m["num_accepted_tokens"], "DRAFTED", m["num_draft_tokens"])
+m = spec_counters(llm)
+print("ACCEPTED", m["accepted"], "DRAFTED", m["draft_tokens"])
 """
 
 
@@ -463,9 +464,9 @@ def test_top_k_alone_with_prefill_only_steps(tiny_pair_dirs):
     target_dir, draft_dir = tiny_pair_dirs
     llm = make_llm(target_dir, mtad_spec(draft_dir), disable_log_stats=False)
     got = generate_ids(llm, PROMPTS, [sampled_params(20, seed=i, top_k=5) for i in range(4)])
-    m = spec_metrics(llm)
+    m = spec_counters(llm)
     close(llm)
-    assert [len(t) for t in got] == [20] * 4 and m["num_drafts"] > 0
+    assert [len(t) for t in got] == [20] * 4 and m["drafts"] > 0
 
 
 def test_rows_near_max_model_len_keep_all_beams(tiny_pair_dirs, tiny_pair):
@@ -508,10 +509,10 @@ def test_engine_without_enforce_eager(tiny_pair_dirs, tiny_pair):
     llm = make_llm(target_dir, mtad_spec(draft_dir, 3, 2, 0.5), enforce_eager=False,
                    disable_log_stats=False)
     got = generate_ids(llm, PROMPTS[:2], greedy_params(24))
-    m = spec_metrics(llm)
+    m = spec_counters(llm)
     close(llm)
     assert [len(g) for g in got] == [24, 24]
-    assert m["num_drafts"] > 0 and 0 < m["num_accepted_tokens"] <= m["num_draft_tokens"]
+    assert m["drafts"] > 0 and 0 < m["accepted"] <= m["draft_tokens"]
     # Greedy "joint" decoding is deterministic: the reference's tokens, as in eager mode
     # (compiled float32 kernels may round differently, so the first 8 tokens are compared).
     cfg = MTADConfig(3, 2, 0.5)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.tp_run import PROMPTS, run
-from vllm_mtad import reference as ref
+from devtools import reference as ref
 from vllm_mtad.config import MTADConfig
 
 pytestmark = pytest.mark.e2e

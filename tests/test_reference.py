@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.helpers import chi_square_pvalue, set_draw_probabilities
-from vllm_mtad import reference as ref
+from devtools import reference as ref
 from vllm_mtad.config import MTADConfig
 
 pytestmark = pytest.mark.reference

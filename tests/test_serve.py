@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.server import free_port, running_server, serve_command, serve_env
-from vllm_mtad import reference as ref
+from devtools import reference as ref
 from vllm_mtad.config import MTADConfig
 
 pytestmark = pytest.mark.e2e

