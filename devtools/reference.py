@@ -7,7 +7,7 @@ or acceptance code with :mod:`vllm_mtad.core`, so the two can check each other; 
 :func:`vllm_mtad.core.processing.processed_logprobs` (the definition of the request's processed
 distribution, tested on its own).
 
-It follows DESIGN.md §1 exactly, with vLLM's framing: the first output token comes from the
+It follows docs/algorithm.md exactly, with vLLM's framing: the first output token comes from the
 prompt's prefill (target only); MTAD steps start from prompt + that token.
 """
 

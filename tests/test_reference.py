@@ -1,4 +1,4 @@
-"""The reference implementation on tiny random transformers models (DESIGN.md §1.3)."""
+"""The reference implementation on tiny random transformers models (docs/algorithm.md#properties-worth-testing)."""
 
 from __future__ import annotations
 

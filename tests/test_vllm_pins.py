@@ -80,14 +80,66 @@ PINS = [
      "patches/worker/patch_cpu_worker.py", None),
     ("vllm.v1.worker.gpu_worker", "Worker.determine_available_memory", "(self) -> int",
      "patches/worker/patch_gpu_worker.py", None),
+    ('vllm.utils.cpu_triton_utils', '_expand_kernel_impl',
+     '(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None)',
+     'patches/platform/patch_cpu_triton_utils.py', None),
+    ('vllm.v1.engine.input_processor', 'InputProcessor._validate_params',
+     "(self, params: vllm.sampling_params.SamplingParams | vllm.pooling_params.PoolingParams, supported_tasks: tuple[typing.Literal['generate', 'transcription', 'realtime', 'embed', 'classify', 'token_embed', 'token_classify', 'plugin', 'embed&token_classify', 'render'], ...]) -> bool | None",
+     'patches/engine/patch_input_processor.py', None),
+    ('vllm.config', 'VllmConfig.__post_init__',
+     '(self)',
+     'patches/engine/patch_config_vllm.py', None),
+    ('vllm.v1.worker.gpu_model_runner', 'GPUModelRunner.execute_model',
+     "(self, scheduler_output: 'SchedulerOutput', intermediate_tensors: vllm.sequence.IntermediateTensors | None = None) -> vllm.v1.outputs.ModelRunnerOutput | vllm.v1.outputs.AsyncModelRunnerOutput | vllm.sequence.IntermediateTensors | None",
+     'patches/worker/patch_phase_timers.py', None),
+    ('vllm.v1.worker.gpu_model_runner', 'GPUModelRunner.sample_tokens',
+     "(self, grammar_output: 'GrammarOutput | None') -> vllm.v1.outputs.ModelRunnerOutput | vllm.v1.outputs.AsyncModelRunnerOutput | vllm.sequence.IntermediateTensors",
+     'patches/worker/patch_phase_timers.py', None),
+    ('vllm.v1.worker.gpu_model_runner', 'GPUModelRunner.propose_draft_token_ids',
+     "(self, scheduler_output: 'SchedulerOutput', sampled_token_ids: torch.Tensor | list[list[int]], sampling_metadata: vllm.v1.sample.metadata.SamplingMetadata, hidden_states: torch.Tensor, sample_hidden_states: torch.Tensor, aux_hidden_states: list[torch.Tensor] | None, spec_decode_metadata: vllm.v1.spec_decode.metadata.SpecDecodeMetadata | None, common_attn_metadata: vllm.v1.attention.backend.CommonAttentionMetadata, slot_mappings: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]] | None) -> list[list[int]] | torch.Tensor",
+     'patches/worker/patch_phase_timers.py', None),
+    ('vllm.v1.worker.gpu_model_runner', 'GPUModelRunner._bookkeeping_sync',
+     "(self, scheduler_output: 'SchedulerOutput', sampler_output: vllm.v1.outputs.SamplerOutput, logits: torch.Tensor | None, hidden_states: torch.Tensor, num_scheduled_tokens: int) -> tuple[dict[str, int], torch.Tensor | None, vllm.v1.outputs.LogprobsLists | None, list[list[int]], dict[str, vllm.v1.outputs.LogprobsTensors | None], list[str], dict[str, int], list[int]]",
+     'patches/worker/patch_gpu_model_runner.py', None),
+    ('vllm.v1.spec_decode.llm_base_proposer', 'SpecDecodeBaseProposer.take_last_draft_probs',
+     '(self) -> torch.Tensor | None',
+     'vllm_mtad/proposer.py', None),
+    ('vllm.v1.spec_decode.draft_model', 'DraftModelProposer.propose',
+     '(self, num_speculative_tokens, target_token_ids: torch.Tensor, target_positions: torch.Tensor, target_hidden_states: torch.Tensor, next_token_ids: torch.Tensor, token_indices_to_sample: torch.Tensor | None, common_attn_metadata: vllm.v1.attention.backend.CommonAttentionMetadata, sampling_metadata: vllm.v1.sample.metadata.SamplingMetadata, mm_embed_inputs: tuple[list[torch.Tensor], torch.Tensor] | None = None, num_rejected_tokens_gpu: torch.Tensor | None = None, slot_mappings: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]] | None = None) -> torch.Tensor',
+     'vllm_mtad/proposer.py', None),
+    ('vllm.v1.sample.sampler', 'Sampler.forward',
+     "(self, logits: torch.Tensor, sampling_metadata: vllm.v1.sample.metadata.SamplingMetadata, predict_bonus_token: bool = False, logprobs_mode_override: Optional[Literal['raw_logits', 'raw_logprobs', 'processed_logits', 'processed_logprobs']] = None) -> vllm.v1.outputs.SamplerOutput",
+     'vllm_mtad/sampler.py', None),
+    ('vllm.v1.sample.rejection_sampler', 'RejectionSampler.__init__',
+     "(self, sampler: 'Sampler', spec_config: 'SpeculativeConfig | None' = None, device: 'torch.device | None' = None)",
+     'vllm_mtad/sampler.py', None),
+    ('vllm.v1.sample.rejection_sampler', 'RejectionSampler.apply_logits_processors',
+     "(self, logits: 'torch.Tensor', sampling_metadata: 'SamplingMetadata', metadata: 'SpecDecodeMetadata') -> 'torch.Tensor'",
+     'vllm_mtad/sampler.py', None),
+    ('vllm.v1.sample.rejection_sampler', 'RejectionSampler._get_logprobs_tensors',
+     "(self, max_num_logprobs: 'int', metadata: 'SpecDecodeMetadata', logits: 'torch.Tensor', target_logits: 'torch.Tensor', bonus_logits: 'torch.Tensor', sampled_token_ids: 'torch.Tensor') -> 'LogprobsTensors'",
+     'vllm_mtad/sampler.py', None),
+    # The draft_probs channel: rows of the scheduled requests, None when one missed a round
+    # (the sampler's DraftStore covers that case).
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._get_spec_decode_draft_probs",
+     "(self, spec_decode_metadata: vllm.v1.spec_decode.metadata.SpecDecodeMetadata) -> "
+     "torch.Tensor | None", "vllm_mtad/sampler.py", "944db527e0dd2e82"),
+    ('vllm.v1.sample.rejection_sampler', 'apply_sampling_constraints',
+     "(logits: 'torch.Tensor', cu_num_draft_tokens: 'torch.Tensor', sampling_metadata: 'SamplingMetadata') -> 'torch.Tensor'",
+     'vllm_mtad/sampler.py', None),
 ]
 
 
 def _resolve(module: str, qualname: str):
-    obj = importlib.import_module(module)
+    """The upstream object, also when one of our patches has replaced or wrapped it."""
+    from vllm_mtad import patching
+
+    obj = owner = importlib.import_module(module)
     for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return inspect.unwrap(obj)  # the upstream function under any wrapper of ours
+        owner, obj = obj, getattr(obj, part)
+    if patching.is_patched(owner, part):
+        obj = patching.original(owner, part)
+    return inspect.unwrap(obj)
 
 
 @pytest.mark.parametrize("module,qualname,signature,glue,source_hash", PINS,
@@ -117,6 +169,15 @@ def test_the_generator_rewind_the_cpu_patch_replaces_is_still_there():
                                          "GPUModelRunner._prepare_inputs"))
     assert "self.discard_request_mask.np[:num_reqs] = (" in prepare, (
         f"vLLM's _prepare_inputs no longer sets the discard mask; re-check {P}")
+
+
+def test_the_runner_still_takes_the_drafters_probabilities():
+    src = inspect.getsource(_resolve("vllm.v1.worker.gpu_model_runner",
+                                     "GPUModelRunner.propose_draft_token_ids"))
+    assert "self.drafter.take_last_draft_probs()" in src, (
+        "vLLM's propose_draft_token_ids no longer calls drafter.take_last_draft_probs(); "
+        "re-check vllm_mtad/proposer.py and vllm_mtad/sampler.py (MTAD's log q reach the "
+        "sampler through that channel)")
 
 
 def test_worker_start_order_the_patch_groups_rely_on():

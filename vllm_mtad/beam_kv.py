@@ -5,7 +5,7 @@ bs = block size, γ = draft length, p = position of the last token whose draft K
 bonus token of the first pass), so beam tokens are written at positions p+1 .. p+γ-1 (draft
 steps 2..γ; step t writes position p+t-1).
 
-Design (DESIGN.md §2):
+Design (docs/beam-kv-layout.md, with a diagram and a worked example):
 - every beam's block-table row points at the request's own blocks for the shared prefix:
   forking is by reference, no prefix copy;
 - the tail columns j0 = (p+1)//bs .. c_last = (p+γ-1)//bs, where beams write, are private:

@@ -6,7 +6,7 @@ MTAD compares draft and target probabilities of the same tokens, so both must be
 the same rule. For sampled rows (temperature > 0) this follows vLLM's sampler, in vLLM's order:
 temperature, then min-p, then top-k, then top-p (top-p measured on the top-k-truncated
 distribution). Greedy rows (temperature 0) get the *unprocessed* log-softmax, which is what the
-greedy modes of MTAD compare (DESIGN.md §1.2).
+greedy modes of MTAD compare (docs/algorithm.md#greedy-requests).
 
 Conventions (vLLM's): top_k <= 0 or >= vocab size disables top-k and ties at the k-th largest
 logit are all kept; top_p >= 1 disables top-p and the most likely token always survives;
