@@ -45,7 +45,7 @@ def run_method(target, spec, prompts_text, max_tokens, tiny, kv_bytes):
     from vllm import SamplingParams
 
     llm = build_llm(target, spec, dtype="float32" if tiny else "bfloat16", max_model_len=2048,
-                    max_num_seqs=len(prompts_text), kv_cache_bytes=kv_bytes,
+                    max_num_seqs=len(prompts_text), block_size=None, kv_cache_bytes=kv_bytes,
                     disable_log_stats=False)
     prompts = format_prompts(llm.get_tokenizer(), prompts_text, tiny)
     params = [SamplingParams(max_tokens=max_tokens, temperature=1.0, top_k=10, top_p=0.9,

@@ -3,7 +3,8 @@ and read its speculative-decoding counters.
 
 Every engine is vLLM's own ``LLM`` with the settings this project always sets on CPU (eager mode,
 an explicit KV cache size — without one vLLM's CPU worker takes a share of the machine's RAM —,
-a block size CPU attention accepts, a fixed seed); callers pass what differs.
+block size 32 (vLLM's CPU attention kernels take multiples of 32), a fixed seed); callers pass
+what differs.
 """
 
 from __future__ import annotations
@@ -37,23 +38,36 @@ def draft_model_spec(draft, gamma: int = 4, **extra) -> dict:
             "draft_sample_method": "probabilistic"} | extra
 
 
-def build_llm(target, speculative_config: dict | None = None, *, kv_cache_bytes: int,
-              dtype: str = "float32", max_model_len: int = 1024, max_num_seqs: int = 8,
-              block_size: int = 32, enforce_eager: bool = True, seed: int = 0, **kwargs):
-    """``vllm.LLM`` for ``target`` (a local model directory) with ``speculative_config`` (None:
-    the target alone). ``kwargs`` go to ``LLM`` as they are (``disable_log_stats=False`` for
-    :func:`spec_counters`, ``tensor_parallel_size``, ``enable_prefix_caching``, ...)."""
+def engine_kwargs(target, speculative_config: dict | None = None, *, kv_cache_bytes: int,
+                  dtype: str = "float32", max_model_len: int = 1024, max_num_seqs: int = 8,
+                  block_size: int | None = 32, enforce_eager: bool = True, seed: int = 0,
+                  **kwargs) -> dict:
+    """The ``vllm.LLM`` arguments for ``target`` (a local model directory) with
+    ``speculative_config`` (None: the target alone); ``block_size=None`` leaves vLLM's default.
+    ``kwargs`` go to ``LLM`` as they are (``disable_log_stats=False`` for :func:`spec_counters`,
+    ``tensor_parallel_size``, ``enable_prefix_caching``, ...). Also what Ray actors get
+    (vllm_mtad.ray_batch)."""
+    return dict(model=str(target), speculative_config=speculative_config, dtype=dtype,
+                max_model_len=max_model_len, max_num_seqs=max_num_seqs, block_size=block_size,
+                enforce_eager=enforce_eager, seed=seed, kv_cache_memory_bytes=kv_cache_bytes,
+                **kwargs)
+
+
+def build_llm(target, speculative_config: dict | None = None, **kwargs):
+    """``vllm.LLM(**engine_kwargs(target, speculative_config, **kwargs))``. Collects garbage
+    first, so an engine dropped just before is gone before this one allocates."""
     from vllm import LLM
 
-    return LLM(model=str(target), speculative_config=speculative_config, dtype=dtype,
-               max_model_len=max_model_len, max_num_seqs=max_num_seqs, block_size=block_size,
-               enforce_eager=enforce_eager, seed=seed, kv_cache_memory_bytes=kv_cache_bytes,
-               **kwargs)
+    gc.collect()
+    return LLM(**engine_kwargs(target, speculative_config, **kwargs))
 
 
 def close(llm) -> None:
-    """Drop an engine and collect it, so the next one starts on a free machine."""
-    del llm
+    """Shut ``llm``'s engine down now and collect. vLLM's engine core freezes the objects it
+    allocates at start-up (``gc.freeze()``) until its shutdown, and an MTAD runner and its
+    drafter refer to each other, so dropping the last reference alone frees little until a
+    full collection. The caller's name still refers to the (shut down) ``LLM``: drop it too."""
+    llm.llm_engine.engine_core.shutdown()
     gc.collect()
 
 

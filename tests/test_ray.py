@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.engine import engine_kwargs
 from tests.engine_utils import TINY_KV_BYTES_PER_TOKEN, close, generate_ids, make_llm, mtad_spec
 
 pytestmark = pytest.mark.e2e
@@ -50,11 +51,9 @@ def test_two_actors_equal_one_engine(tiny_pair_dirs, ray_cluster):
     from vllm_mtad.ray_batch import generate
 
     target_dir, draft_dir = tiny_pair_dirs
-    engine_kwargs = dict(model=str(target_dir), speculative_config=mtad_spec(draft_dir),
-                         dtype="float32", max_model_len=1024, max_num_seqs=8,
-                         enforce_eager=True, block_size=32, seed=0,
-                         kv_cache_memory_bytes=16384 * TINY_KV_BYTES_PER_TOKEN)
-    outs = generate(PROMPTS, _params(), engine_kwargs=engine_kwargs, num_engines=2)
+    kwargs = engine_kwargs(target_dir, mtad_spec(draft_dir),
+                           kv_cache_bytes=16384 * TINY_KV_BYTES_PER_TOKEN)  # make_llm's
+    outs = generate(PROMPTS, _params(), engine_kwargs=kwargs, num_engines=2)
     llm = make_llm(target_dir, mtad_spec(draft_dir))
     want = generate_ids(llm, PROMPTS, [SamplingParams(**p) for p in _params()])
     close(llm)

