@@ -211,6 +211,31 @@ def test_the_runner_still_takes_the_drafters_probabilities():
         "sampler through that channel)")
 
 
+def test_the_spec_flags_are_folded_where_the_arg_utils_patch_expects():
+    """patch_arg_utils folds --spec-method/--spec-model/--spec-tokens into the dict before the
+    MTAD translation, with vLLM's rule, because vLLM folds them inside create_speculative_config
+    (after the translation must have run); and it adds "mtad" to --spec-method's choices in
+    add_cli_args, which the serve parser reaches after loading the plugins."""
+    A = "patches/engine/patch_arg_utils.py"
+    src = inspect.getsource(_resolve("vllm.engine.arg_utils",
+                                     "EngineArgs.create_speculative_config"))
+    for line in ('("--spec-method", "method", self.spec_method)',
+                 '("--spec-model", "model", self.spec_model)',
+                 '("--spec-tokens", "num_speculative_tokens", self.spec_tokens)',
+                 "are mutually exclusive"):
+        assert line in src, (f"vLLM's create_speculative_config no longer has {line!r}; "
+                             f"re-check {A} and vllm_mtad/config.py (SPEC_FLAGS)")
+    assert str(inspect.signature(_resolve("vllm.engine.arg_utils", "EngineArgs.add_cli_args"))) \
+        == "(parser: vllm.utils.argparse_utils.FlexibleArgumentParser) -> " \
+           "vllm.utils.argparse_utils.FlexibleArgumentParser", f"re-check {A}"
+    serve = inspect.getsource(_resolve("vllm.engine.arg_utils", "AsyncEngineArgs.add_cli_args"))
+    where = [serve.find(step) for step in ("load_general_plugins()",
+                                           "EngineArgs.add_cli_args(parser)")]
+    assert -1 not in where and where == sorted(where), (
+        f"vLLM's AsyncEngineArgs.add_cli_args no longer loads the plugins before building the "
+        f"engine flags; re-check {A} (--spec-method mtad)")
+
+
 def test_worker_start_order_the_patch_groups_rely_on():
     """In a worker process vLLM loads plugins (register(): platform and engine patches, the
     worker hook), then registers its CPU kernel overrides (which bind the expand-kernel stand-in

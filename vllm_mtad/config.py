@@ -104,6 +104,51 @@ def translate_speculative_config(
     return spec, additional
 
 
+# vLLM's shorthand flags for speculative-config keys (EngineArgs / LLM(): spec_method, ...).
+SPEC_FLAGS = (("--spec-method", "method", "spec_method"), ("--spec-model", "model", "spec_model"),
+              ("--spec-tokens", "num_speculative_tokens", "spec_tokens"))
+
+
+def fold_spec_flags(speculative_config: dict[str, Any] | None,
+                    flags: dict[str, Any]) -> dict[str, Any]:
+    """``--spec-method mtad --spec-model D --spec-tokens N`` as one speculative-config dict.
+
+    ``flags`` maps each SPEC_FLAGS attribute (spec_method, ...) to its value or None. vLLM folds
+    the flags into the dict itself, but only after the MTAD translation must have run; the same
+    rule as vLLM's: a flag and the same key in --speculative-config are mutually exclusive.
+    """
+    spec = dict(speculative_config or {})
+    for flag, key, attr in SPEC_FLAGS:
+        value = flags.get(attr)
+        if value is None:
+            continue
+        if key in spec:
+            raise ValueError(f"{flag} and --speculative-config['{key}'] are mutually exclusive")
+        spec[key] = value
+    return spec
+
+
+def check_parallel(parallel_config: Any) -> None:
+    """Refuse, naming the key, the parallel layouts MTAD's beam steps cannot run under:
+    decode/prefill context parallelism (the beam KV layout and the beam steps' attention
+    metadata assume each rank holds every token of a request; they carry no per-rank lengths)
+    and data parallelism on a mixture-of-experts model (vLLM then syncs every forward across
+    the DP ranks, and the number of beam steps is each rank's own)."""
+    for key in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+        size = getattr(parallel_config, key, 1)
+        if size > 1:
+            raise ValueError(
+                f"MTAD does not support {key}={size}: the beam steps assume each rank holds "
+                f"every token of a request. Allowed: {key}=1 (tensor parallelism is supported).")
+    dp = getattr(parallel_config, "data_parallel_size", 1)
+    if dp > 1 and getattr(parallel_config, "is_moe_model", None):
+        raise ValueError(
+            f"MTAD does not support data_parallel_size={dp} with a mixture-of-experts target: "
+            "vLLM syncs every forward of an MoE model across the data-parallel ranks, and each "
+            "rank runs its own number of beam steps. Allowed: data_parallel_size=1 (use "
+            "tensor parallelism, or one engine per replica).")
+
+
 def from_additional_config(additional_config: Any) -> MTADConfig | None:
     """The engine's MTADConfig, or None for an engine that does not use MTAD."""
     if not isinstance(additional_config, dict) or ADDITIONAL_CONFIG_KEY not in additional_config:

@@ -1,0 +1,103 @@
+"""The engine configuration vLLM builds from an MTAD setup (EngineArgs.create_engine_config on
+the tiny pair; no model is loaded): vLLM's ``--spec-method/--spec-model/--spec-tokens`` flags
+give the same engine as ``--speculative-config``, and the parallel layouts MTAD cannot run
+under are refused naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+pytestmark = pytest.mark.patches
+
+
+def _engine_config(**kwargs):
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_mtad import plugin
+
+    plugin.register()
+    return EngineArgs(max_model_len=256, **kwargs).create_engine_config()
+
+
+def _summary(cfg) -> tuple:
+    spec = cfg.speculative_config
+    return (spec.method, spec.model, spec.num_speculative_tokens, cfg.additional_config["mtad"])
+
+
+def test_spec_flags_give_the_same_engine_as_the_speculative_config(tiny_pair_dirs):
+    target, draft = map(str, tiny_pair_dirs)
+    by_dict = _engine_config(model=target, speculative_config={
+        "method": "mtad", "model": draft, "num_speculative_tokens": 3, "beam_width": 2})
+    by_flags = _engine_config(model=target, spec_method="mtad", spec_model=draft,
+                              spec_tokens=3, speculative_config={"beam_width": 2})
+    assert _summary(by_flags) == _summary(by_dict)
+    assert _summary(by_dict) == ("draft_model", draft, 3, {
+        "num_speculative_tokens": 3, "beam_width": 2, "acceptance_threshold": 0.5,
+        "greedy_acceptance": "joint"})
+
+
+def test_spec_flag_and_the_same_key_in_the_dict_are_refused(tiny_pair_dirs):
+    target, draft = map(str, tiny_pair_dirs)
+    with pytest.raises(ValueError, match=r"--spec-model and --speculative-config\['model'\] "
+                                         "are mutually exclusive"):
+        _engine_config(model=target, spec_method="mtad", spec_model=draft, spec_tokens=3,
+                       speculative_config={"model": draft})
+
+
+def test_serve_command_line_accepts_spec_method_mtad(tiny_pair_dirs):
+    """The parser ``vllm serve`` builds (AsyncEngineArgs.add_cli_args loads the plugins first)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    target, draft = map(str, tiny_pair_dirs)
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args([
+        "--model", target, "--max-model-len", "256", "--spec-method", "mtad", "--spec-model",
+        draft, "--spec-tokens", "2", "--speculative-config", json.dumps({"beam_width": 3})])
+    cfg = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+    assert _summary(cfg)[:3] == ("draft_model", draft, 2)
+    assert cfg.additional_config["mtad"]["beam_width"] == 3
+    # vLLM's own methods are still choices, and an unknown one is still refused by argparse.
+    parser.parse_args(["--spec-method", "draft_model"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--spec-method", "mtda"])
+
+
+@pytest.mark.parametrize("key", ["decode_context_parallel_size",
+                                 "prefill_context_parallel_size"])
+def test_context_parallelism_is_refused(tiny_pair_dirs, key):
+    from devtools.engine import mtad_spec
+
+    target, draft = tiny_pair_dirs
+    with pytest.raises(ValueError, match=rf"MTAD does not support {key}=2.*Allowed: {key}=1"):
+        _engine_config(model=str(target), speculative_config=mtad_spec(draft),
+                       tensor_parallel_size=2, **{key: 2})
+
+
+def _moe_target(target_dir, tmp_path):
+    """The tiny target's tokenizer with a tiny Mixtral config (config only: nothing loads)."""
+    moe = tmp_path / "moe-target"
+    shutil.copytree(target_dir, moe)
+    config = json.loads((moe / "config.json").read_text())
+    config.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                  num_local_experts=4, num_experts_per_tok=2)
+    (moe / "config.json").write_text(json.dumps(config))
+    return moe
+
+
+def test_data_parallelism_is_refused_for_an_moe_target_only(tiny_pair_dirs, tmp_path):
+    from devtools.engine import mtad_spec
+
+    target, draft = tiny_pair_dirs
+    moe = _moe_target(target, tmp_path)
+    with pytest.raises(ValueError, match=r"MTAD does not support data_parallel_size=2 with a "
+                                         "mixture-of-experts target"):
+        _engine_config(model=str(moe), speculative_config=mtad_spec(draft),
+                       data_parallel_size=2)
+    # The same MoE target without data parallelism passes MTAD's checks.
+    cfg = _engine_config(model=str(moe), speculative_config=mtad_spec(draft))
+    assert cfg.model_config.is_moe and "mtad" in cfg.additional_config
