@@ -47,7 +47,8 @@ def apply() -> None:
             if self.spec_method == METHOD:
                 flags = {attr: getattr(self, attr) for _, _, attr in SPEC_FLAGS}
                 self.speculative_config = fold_spec_flags(self.speculative_config, flags)
-                self.spec_method = self.spec_model = self.spec_tokens = None
+                for attr in flags:  # folded: vLLM must not fold them again
+                    setattr(self, attr, None)
             spec = self.speculative_config
             is_mtad = isinstance(spec, dict) and spec.get("method") == METHOD
             if is_mtad:
