@@ -41,7 +41,7 @@ def test_draft_store_matches_scheduled_drafts_and_prunes():
 def test_request_seed_is_stable_and_uses_the_seed():
     from types import SimpleNamespace
 
-    from vllm_mtad.proposer import request_seed
+    from vllm_mtad.speculation import request_seed
 
     assert request_seed(SimpleNamespace(seed=42), "x") == 42
     a = request_seed(SimpleNamespace(seed=None), "req-1")

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 GREEDY_ACCEPTANCE_MODES = ("joint", "exact")
+SPECULATION_POLICIES = ("fixed", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -22,26 +23,45 @@ class MTADConfig:
         target likes at least as much as the draft does.
     greedy_acceptance: "joint" (MTAD's joint greedy approximation) or "exact" (lossless:
         identical to the target's own greedy decoding) for temperature-0 requests.
+    speculation_policy: "fixed" (every step drafts num_speculative_tokens with beam_width
+        beams) or "adaptive" (each step picks W in [min_beam_width, beam_width] and γ in
+        [min_speculative_tokens, num_speculative_tokens] for the best expected tokens per
+        second, from this engine's measured step costs and acceptance; vllm_mtad.core.policy).
+    min_beam_width: the fewest beams the adaptive policy may use (1..beam_width).
+    min_speculative_tokens: the shortest draft the adaptive policy may choose
+        (0..num_speculative_tokens). 0 lets it skip drafting in a step, when that is faster;
+        such a step samples one token per request from the target alone. Set 1 to forbid it.
     """
 
     num_speculative_tokens: int
     beam_width: int = 4
     acceptance_threshold: float = 0.5
     greedy_acceptance: str = "joint"
+    speculation_policy: str = "fixed"
+    min_beam_width: int = 1
+    min_speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         _check_int("num_speculative_tokens", self.num_speculative_tokens, minimum=1)
         _check_int("beam_width", self.beam_width, minimum=1)
         check_threshold("acceptance_threshold", self.acceptance_threshold)
         check_greedy_acceptance("greedy_acceptance", self.greedy_acceptance)
+        if self.speculation_policy not in SPECULATION_POLICIES:
+            raise ValueError(f"MTAD setting 'speculation_policy' must be one of "
+                             f"{list(SPECULATION_POLICIES)}, got {self.speculation_policy!r}.")
+        _check_int("min_beam_width", self.min_beam_width, minimum=1, maximum=self.beam_width)
+        _check_int("min_speculative_tokens", self.min_speculative_tokens, minimum=0,
+                   maximum=self.num_speculative_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _check_int(key: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"MTAD setting {key!r} must be an integer >= {minimum}, got {value!r}.")
+def _check_int(key: str, value: Any, minimum: int, maximum: int | None = None) -> None:
+    if (isinstance(value, bool) or not isinstance(value, int) or value < minimum
+            or (maximum is not None and value > maximum)):
+        allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"MTAD setting {key!r} must be an integer {allowed}, got {value!r}.")
 
 
 def check_threshold(key: str, value: Any) -> float:
@@ -67,7 +87,8 @@ METHOD = "mtad"
 # Key under VllmConfig.additional_config (pickled to every process, part of the compile hash).
 ADDITIONAL_CONFIG_KEY = "mtad"
 # MTAD's own keys in the speculative config; everything else goes to vLLM's draft-model config.
-MTAD_KEYS = ("beam_width", "acceptance_threshold", "greedy_acceptance")
+MTAD_KEYS = ("beam_width", "acceptance_threshold", "greedy_acceptance", "speculation_policy",
+             "min_beam_width", "min_speculative_tokens")
 # Per-request overrides, read from SamplingParams.extra_args (OpenAI server: "vllm_xargs").
 REQUEST_KEYS = ("acceptance_threshold", "greedy_acceptance")
 

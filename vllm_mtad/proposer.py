@@ -18,7 +18,6 @@ K candidates of each beam. Nothing in the beam loop reads device values on the h
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, replace
 
@@ -34,17 +33,10 @@ from vllm_mtad.core import beam_step, best_beam, is_greedy, keep_rows
 from vllm_mtad.core.processing import (GREEDY_TEMPERATURE, CandidatePlan, draft_candidates,
                                        plan_candidates)
 from vllm_mtad.log import get_logger
+from vllm_mtad.speculation import SpeculationController
 from vllm_mtad.timing import phase
 
 logger = get_logger(__name__)
-
-
-def request_seed(sampling_params, req_id: str) -> int:
-    """The request's seed, or a stable hash of its id (identical on every TP rank)."""
-    seed = getattr(sampling_params, "seed", None)
-    if seed is not None:
-        return int(seed)
-    return int.from_bytes(hashlib.blake2b(req_id.encode(), digest_size=8).digest(), "little") >> 1
 
 
 class DraftStore:
@@ -100,7 +92,8 @@ class MTADProposer(DraftModelProposer):
         self.mtad = from_additional_config(vllm_config.additional_config)
         self.drafts = DraftStore()
         self.scratch = None  # draft_scratch.ScratchPlan, set when the KV cache is allocated
-        self._seeds: dict[str, int] = {}
+        # The policy's state and the requests' settings, shared with the rejection sampler.
+        self.speculation = SpeculationController(self.mtad, device)
         self._capture = False
         self._first_pass = None  # (token_indices_to_sample, common_attn_metadata)
         self._first_hidden = None  # [B, hidden] at the first draft position
@@ -142,46 +135,55 @@ class MTADProposer(DraftModelProposer):
         distribution over the vocabulary)."""
         return self._last_logprobs
 
-    def request_seeds(self, req_ids) -> list[int]:
-        """Each request's noise seed, resolved once per request (identical on every TP rank)."""
-        requests = self.runner.requests
-        out = []
-        for r in req_ids:
-            seed = self._seeds.get(r)
-            if seed is None:
-                seed = self._seeds[r] = request_seed(requests[r].sampling_params, r)
-            out.append(seed)
-        return out
-
     def propose(self, num_speculative_tokens: int, **kwargs) -> torch.Tensor:
-        gamma = num_speculative_tokens
+        """Draft for every request of the batch: [B, γ] int64, γ <= num_speculative_tokens as
+        the speculation policy chooses (0: no draft forward at all this step)."""
         self._last_logprobs = None
-        if gamma == 0:
+        if num_speculative_tokens == 0:
             return super().propose(num_speculative_tokens=0, **kwargs)
+        spec = self.speculation
+        ib = self.runner.input_batch
+        B = kwargs["common_attn_metadata"].batch_size()
+        req_ids = list(ib.req_ids[:B])
+        # Host-side, per round: the requests' settings (from vLLM's own host arrays).
+        _, exact_host, seed_list = spec.request_settings(req_ids, self.runner.requests)
+        greedy_host = (ib.temperature_cpu[:B] < GREEDY_TEMPERATURE).tolist()
+        classes = [("exact" if e else "joint") if g else "sampled"
+                   for g, e in zip(greedy_host, exact_host)]
+        plan = spec.plan(classes, int(kwargs["target_token_ids"].shape[0]))
+        gamma = min(plan.num_tokens, num_speculative_tokens)
+        W = plan.beam_width
+        gaps = spec.kv.step(req_ids, ib.num_computed_tokens_cpu[:B], drafting=gamma > 0)
+        spec.prune(self.runner.requests)
+        if gamma == 0:  # this step drafts nothing: no draft forward (the KV catches up later)
+            spec.drafting_done(B)
+            return torch.empty(B, 0, dtype=torch.int64, device=self.device)
+
         started = time.perf_counter()
+        mark = spec.mark()
+        if gaps:
+            self._catch_up(gaps, req_ids, kwargs["common_attn_metadata"])
         self._capture = True
         try:  # vLLM's first pass only: one draft position.
             super().propose(num_speculative_tokens=1, **kwargs)
         finally:
             self._capture = False
-            self.num_speculative_tokens = gamma
+            self.num_speculative_tokens = num_speculative_tokens
         token_indices, cad = self._first_pass
         sampling_metadata = kwargs["sampling_metadata"]
         B = cad.batch_size()
-        W = self.mtad.beam_width
         dev = self._first_hidden.device
 
-        # Host-side, per round: the requests' settings (from vLLM's own host arrays).
-        ib = self.runner.input_batch
-        req_ids = ib.req_ids[:B]
-        seeds = torch.tensor(self.request_seeds(req_ids), dtype=torch.int64).to(dev)
+        seeds = torch.tensor(seed_list, dtype=torch.int64).to(dev)
         temp, top_k, top_p = _row_sampling_params(sampling_metadata, B, dev)
         greedy = is_greedy(temp)
+        # [B] beams per row: one for exact rows (the draft's argmax chain).
+        widths = torch.tensor([1 if e else W for e in exact_host], dtype=torch.int64).to(dev)
 
         p = self.positions[token_indices].to(torch.int64)  # [B] position of the bonus token
         logits = self.model.compute_logits(self._first_hidden)  # [B, V]
         V = logits.shape[-1]
-        greedy_host, plan = plan_for_batch(ib, B, V, W)
+        _, plan_k = plan_for_batch(ib, B, V, W)
         any_sampled = not all(greedy_host)
         # Draft steps per row: the scheduler verifies at most max_model_len - L - 1 drafts of a
         # request with L tokens (its extra token must fit), so a row near the end of its
@@ -189,12 +191,15 @@ class MTADProposer(DraftModelProposer):
         # there; patches/worker/patch_gpu_model_runner.py lets MTAD draft).
         steps = (self.max_model_len - (p + 1) - 1).clamp(0, gamma)
         ctx = _Round(B, W, gamma, V, dev, temp, top_k, top_p, greedy, seeds, p + 1, any_sampled,
-                     cad, steps)
+                     cad, steps, widths)
         beams_started = time.perf_counter()
         self.stats["first_pass_s"] += beams_started - started
+        first_tokens = int(cad.num_actual_tokens)
+        spec.first_pass_size(first_tokens, B)
+        beam_mark = spec.mark()
 
-        tokens, draft_logprobs, overflow = self._draft_round(ctx, logits, plan)
-        if plan.num_candidates is None:
+        tokens, draft_logprobs, overflow = self._draft_round(ctx, logits, plan_k)
+        if plan_k.num_candidates is None:
             self.stats["dense_rounds"] += 1
         elif bool(overflow.any()):
             # Ties at some row's k-th value reach past the candidates (rare: the slack grows
@@ -202,17 +207,80 @@ class MTADProposer(DraftModelProposer):
             # every token. The beams' KV is rewritten by the redo before anything reads it.
             self.stats["dense_redos"] += 1
             tokens, draft_logprobs, _ = self._draft_round(
-                ctx, logits, replace(plan, num_candidates=None))
+                ctx, logits, replace(plan_k, num_candidates=None))
+            beam_mark = None  # not a representative timing
+        if gamma > 1:
+            spec.time_part(spec.costs.first_pass, first_tokens, mark, beam_mark)
+            if beam_mark is not None:
+                spec.time_part(spec.costs.beam_step, B * W, beam_mark, count=gamma - 1)
+        else:
+            spec.time_part(spec.costs.first_pass, first_tokens, mark)
+        for req_id, e in zip(req_ids, exact_host):
+            spec.widths[req_id] = 1 if e else W
 
         self._last_logprobs = draft_logprobs[:, :, None].contiguous()
-        self.drafts.put(list(req_ids), tokens, draft_logprobs, self.runner.requests)
-        for r in [r for r in self._seeds if r not in self.runner.requests]:
-            del self._seeds[r]
+        self.drafts.put(req_ids, tokens, draft_logprobs, self.runner.requests)
         self.stats["beam_steps_s"] += time.perf_counter() - beams_started
         self.stats["beam_steps"] += gamma - 1
         self.stats["rounds"] += 1
         self.stats["rows"] += B
+        spec.drafting_done(B)
         return tokens
+
+    def _catch_up(self, gaps: dict, req_ids: list, cad: CommonAttentionMetadata) -> None:
+        """Feed the draft the tokens it missed in steps without drafting: for each request in
+        ``gaps`` ({req_id: (valid, start)}), positions [valid, start) of its own tokens, as
+        causal multi-token queries in one draft forward (more when they exceed the token
+        budget). Writes the draft layers' KV only; no logits."""
+        ib = self.runner.input_batch
+        bs = self.block_size
+        budget = self.max_num_tokens
+        todo = [(req_ids.index(r), a, b) for r, (a, b) in gaps.items()]
+        while todo:
+            rows, segs, used, rest = [], [], 0, []
+            for row, a, b in todo:
+                take = min(b - a, budget - used)
+                if take <= 0:
+                    rest.append((row, a, b))
+                    continue
+                rows.append(row)
+                segs.append((a, a + take))
+                used += take
+                if a + take < b:
+                    rest.append((row, a + take, b))
+            todo = rest
+            self._catch_up_pass(rows, segs, ib, cad, bs)
+            self.speculation.catch_up_tokens += used
+
+    def _catch_up_pass(self, rows, segs, ib, cad, bs) -> None:
+        import numpy as np
+
+        mark = self.speculation.mark()
+        lens = [b - a for a, b in segs]
+        n = sum(lens)
+        dev = self.device
+        ids = np.concatenate([ib.token_ids_cpu[r, a:b] for r, (a, b) in zip(rows, segs)])
+        pos = np.concatenate([np.arange(a, b) for a, b in segs])
+        qsl_cpu = torch.tensor([0] + list(np.cumsum(lens)), dtype=torch.int32)
+        seq_cpu = torch.tensor([b for _, b in segs], dtype=torch.int32)
+        positions = torch.from_numpy(pos.astype(np.int64)).to(dev)
+        row_of = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(lens)).to(dev)
+        block_table = cad.block_table_tensor[torch.tensor(rows, device=dev)]  # [R, blocks]
+        slots = (block_table[row_of, positions // bs].to(torch.int64) * bs + positions % bs)
+        sub = CommonAttentionMetadata(
+            query_start_loc=qsl_cpu.to(dev), query_start_loc_cpu=qsl_cpu,
+            seq_lens=seq_cpu.to(dev), seq_lens_cpu_upper_bound=seq_cpu, num_reqs=len(rows),
+            num_actual_tokens=n, max_query_len=max(lens), max_seq_len=int(seq_cpu.max()),
+            block_table_tensor=block_table, slot_mapping=slots, causal=True,
+            positions=positions)
+        _, per_layer = self.build_per_group_and_layer_attn_metadata(sub)
+        input_ids = torch.from_numpy(ids.astype(np.int32)).to(dev)
+        with set_forward_context(per_layer, self.vllm_config, num_tokens=n,
+                                 cudagraph_runtime_mode=CUDAGraphMode.NONE,
+                                 slot_mapping={name: slots
+                                               for name in self._draft_attn_layer_names}):
+            self.model(input_ids=input_ids, positions=positions, inputs_embeds=None)
+        self.speculation.time_part(self.speculation.costs.first_pass, n, mark)
 
     def _draft_round(self, ctx: "_Round", first_logits: torch.Tensor, plan: CandidatePlan):
         """Beam drafting from the first pass's logits: γ steps, steps 2..γ as B·W rows of one
@@ -233,6 +301,8 @@ class MTADProposer(DraftModelProposer):
                                       scratch.rows if room else 0)
                 row_width = layout.row_beam_width
                 self._device_stats["narrowed_rows"] += (row_width < W).sum()
+        # Rows the plan gives fewer beams (exact greedy: one) keep only those.
+        row_width = ctx.widths if row_width is None else torch.minimum(row_width, ctx.widths)
 
         # Step 1: W distinct tokens from the first-pass distribution.
         with phase("draft_vocab"):
@@ -353,6 +423,7 @@ class _Round:
     any_sampled: bool
     cad: CommonAttentionMetadata  # the first pass's
     steps: torch.Tensor  # [B] int64, draft steps of each row (fewer than γ near max_model_len)
+    widths: torch.Tensor  # [B] int64, beams of each row (<= W; 1 for exact greedy rows)
     _qsl: tuple | None = None
 
     def query_start_loc(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -388,7 +459,8 @@ def drafter_stats(worker) -> dict:
             | {"draft_scratch_bytes": scratch.bytes if scratch else 0,
                "draft_scratch_blocks": scratch.blocks if scratch else 0}
             | {"sampler_" + k: v for k, v in getattr(sampler, "stats", {}).items()}
-            | {"sampler_draft_store_misses": int(getattr(sampler, "store_misses", 0))})
+            | {"sampler_draft_store_misses": int(getattr(sampler, "store_misses", 0))}
+            | drafter.speculation.snapshot())
 
 
 def _row_sampling_params(sampling_metadata, B: int, device):

@@ -32,18 +32,20 @@ from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample import rejection_sampler as vllm_rs
 from vllm.v1.sample.rejection_sampler import RejectionSampler
 
-from vllm_mtad.config import MTADConfig, request_settings
+from vllm_mtad.config import MTADConfig
 from vllm_mtad.core import is_greedy, mtad_accept
-from vllm_mtad.core.processing import Candidates, draft_candidates
+from vllm_mtad.core.processing import GREEDY_TEMPERATURE, Candidates, draft_candidates
 from vllm_mtad.proposer import plan_for_batch
+from vllm_mtad.speculation import CLASS_INDEX, SpeculationController
 
 
 class MTADRejectionSampler(RejectionSampler):
-    def __init__(self, sampler, spec_config, device, runner, mtad: MTADConfig):
+    def __init__(self, sampler, spec_config, device, runner, mtad: MTADConfig,
+                 speculation: SpeculationController):
         super().__init__(sampler, spec_config, device)
         self.runner = runner
         self.mtad = mtad
-        self._settings: dict[str, tuple[float, bool]] = {}  # req_id -> (τ, exact greedy)
+        self.speculation = speculation  # the requests' settings; acceptance statistics
         # Where each verify step's draft log-probs came from (read with drafter_stats()).
         self.stats = {"draft_probs_channel": 0, "draft_store": 0}
         # Rows judged without their draft's probabilities (device; read by drafter_stats only).
@@ -97,8 +99,8 @@ class MTADRejectionSampler(RejectionSampler):
         greedy = ~target.sampled
         drafts = target.drafts  # [B, γ], -1 past each request's own count
 
-        tau, exact = self._request_settings(req_ids)
-        seeds = self.runner.drafter.request_seeds(req_ids)
+        tau, exact, seeds = self.speculation.request_settings(req_ids, self.runner.requests)
+        num_real = len(req_ids)
         if len(req_ids) < B:
             # Rows without a request: vLLM's warm-up (_dummy_sampler_run, profile_run) calls
             # the sampler on a dummy batch with an empty input batch.
@@ -116,27 +118,15 @@ class MTADRejectionSampler(RejectionSampler):
             to(seeds, torch.int64), positions.to(dev, non_blocking=True),
             num_drafts=target.counts, bonus_token_ids=bonus_token_ids[:, 0],
             any_sampled=not sampling_metadata.all_greedy)
+        if num_real:  # acceptance statistics of the speculation policy (device-side counts)
+            greedy_host = (ib.temperature_cpu[:num_real] < GREEDY_TEMPERATURE).tolist()
+            classes = [CLASS_INDEX[("exact" if e else "joint") if g else "sampled"]
+                       for g, e in zip(greedy_host, exact)]
+            widths = [self.speculation.widths.get(r, self.mtad.beam_width) for r in req_ids]
+            accepted = (result.output_token_ids[:num_real] >= 0).sum(dim=1) - 1
+            self.speculation.record_acceptance(classes, widths, target.counts[:num_real],
+                                               accepted)
         return result.output_token_ids
-
-    def _request_settings(self, req_ids) -> tuple[list[float], list[bool]]:
-        """τ and the exact-greedy flag of each request, resolved once per request."""
-        requests = self.runner.requests
-        tau, exact = [], []
-        for req_id in req_ids:
-            s = self._settings.get(req_id)
-            if s is None:
-                try:
-                    t, mode = request_settings(requests[req_id].sampling_params.extra_args,
-                                               self.mtad)
-                except ValueError:  # refused in the front end; never crash the engine here
-                    t, mode = self.mtad.acceptance_threshold, self.mtad.greedy_acceptance
-                s = self._settings[req_id] = (t, mode == "exact")
-            tau.append(s[0])
-            exact.append(s[1])
-        if len(self._settings) > 4 * max(len(req_ids), 16):  # forget finished requests
-            for r in [r for r in self._settings if r not in requests]:
-                del self._settings[r]
-        return tau, exact
 
     def _draft_logprobs(self, draft_probs, target: "_FlatTarget", req_ids):
         """[B, γ] float32 draft log-probs of the scheduled draft tokens (0 past each count),

@@ -76,7 +76,8 @@ def apply() -> None:
 
             self.drafter = MTADProposer(vllm_config=vllm_config, device=self.device, runner=self)
             self.rejection_sampler = MTADRejectionSampler(
-                self.sampler, self.speculative_config, self.device, runner=self, mtad=cfg)
+                self.sampler, self.speculative_config, self.device, runner=self, mtad=cfg,
+                speculation=self.drafter.speculation)
 
         return __init__
 
@@ -123,6 +124,9 @@ def apply() -> None:
     def make_prepare_inputs(original):
         @functools.wraps(original)
         def _prepare_inputs(self, *args, **kwargs):
+            speculation = getattr(getattr(self, "drafter", None), "speculation", None)
+            if speculation is not None:  # MTAD: the step's timing starts here
+                speculation.on_step_start()
             out = original(self, *args, **kwargs)
             self._mtad_discarded_generators = _discarded_cpu_generator_states(self)
             return out

@@ -1,0 +1,166 @@
+"""The speculation policy as a vLLM-free unit: given costs and acceptance, the choice."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_mtad.core import policy
+from vllm_mtad.core.policy import (AcceptanceStats, Batch, Bounds, CostModel, LinearCost,
+                                   choose, expected_tokens)
+
+pytestmark = pytest.mark.core
+
+
+def fitted(intercept, slope, sizes, samples=40):
+    m = LinearCost()
+    for i in range(samples):
+        x = sizes[i % len(sizes)]
+        m.add(x, intercept + slope * x)
+    return m
+
+
+def costs(verify=(0.05, 0.002), first=(0.01, 0.0005), beam=(0.01, 0.0), rest=(0.001, 0.0)):
+    """A cost model fitted on exact lines (seconds = a + b·size) over varied sizes."""
+    sizes = [1, 4, 16, 48, 80]
+    return CostModel(verify=fitted(*verify, sizes), first_pass=fitted(*first, sizes),
+                     beam_step=fitted(*beam, sizes), rest=fitted(*rest, sizes))
+
+
+def stats_with(rates_by_width: dict, G=4, W=4, drafts=400, cls="sampled"):
+    """Acceptance stats where a draft by width w has every position pass with rate r[w]:
+    accepted length L with P(L >= i) = r^i (recorded as exact expected counts)."""
+    stats = policy.new_stats(W, G)
+    for w, r in rates_by_width.items():
+        for L in range(G + 1):  # P(L = l) = r^l (1 - r) for l < G, r^G for l = G
+            p = r ** L * (1 - r) if L < G else r ** G
+            n = round(drafts * p)
+            if n:
+                stats[cls].record(w, G, L, n)
+    return stats
+
+
+def test_linear_cost_recovers_a_line_and_forgets():
+    m = fitted(0.03, 0.001, [2, 8, 32])
+    a, b = m.coefficients()
+    # 1 %: the ridge (1e-3 of the squared mean size) shrinks the slope by ~0.1 % here.
+    assert a == pytest.approx(0.03, rel=1e-2) and b == pytest.approx(0.001, rel=1e-2)
+    # No spread in sizes: the slope is not identified and reads as free (0); the mean stays.
+    flat = fitted(0.03, 0.001, [16])
+    assert flat.coefficients()[1] == pytest.approx(0.0, abs=1e-9)
+    assert flat.predict(16) == pytest.approx(0.046, rel=1e-3)
+    # Costs that change: after enough new samples the old line is forgotten.
+    for i in range(400):
+        x = [2, 8, 32][i % 3]
+        m.add(x, 0.01 + 0.004 * x)
+    a, b = m.coefficients()
+    assert a == pytest.approx(0.01, rel=0.05) and b == pytest.approx(0.004, rel=0.05)
+    assert LinearCost().predict(10) == 0.0  # no sample yet
+
+
+def test_acceptance_stats_prior_and_measured():
+    s = AcceptanceStats(beam_width=4, max_tokens=4)
+    # No history: the prior 0.7^i per position.
+    assert s.expected_accepted(4, 4) == pytest.approx(sum(0.7 ** i for i in range(1, 5)))
+    for _ in range(500):
+        s.record(4, 4, 4)  # W=4 drafts always fully accepted
+    assert s.expected_accepted(4, 4) == pytest.approx(4.0, abs=0.05)
+    # A width never tried reads as the pooled estimate (here: near the W=4 one), not the prior.
+    assert s.expected_accepted(1, 4) > 3.5
+    assert s.expected_accepted(4, 2) == pytest.approx(2.0, abs=0.05)  # shorter draft
+    for _ in range(2000):
+        s.record(1, 4, 0)  # W=1 drafts all rejected
+    assert s.expected_accepted(1, 4) < 0.05
+    assert s.expected_accepted(4, 4) > 3.9  # per-width statistics stay apart
+
+
+def test_no_history_drafts_the_configured_setting():
+    b = Bounds(beam_width=4, max_tokens=4)
+    plan = choose(Batch({"sampled": 8}), CostModel(), policy.new_stats(4, 4), b, step=1)
+    assert (plan.beam_width, plan.num_tokens, plan.explore) == (4, 4, False)
+    assert plan.goodput is None
+    # An exact-only batch drafts the argmax chain even then.
+    plan = choose(Batch({"exact": 8}), CostModel(), policy.new_stats(4, 4), b, step=1)
+    assert (plan.beam_width, plan.num_tokens) == (1, 4)
+
+
+def test_free_beam_rows_choose_full_width_costly_rows_choose_one():
+    b = Bounds(beam_width=4, max_tokens=4)
+    stats = stats_with({1: 0.75, 4: 0.85})
+    batch = Batch({"sampled": 16}, first_pass_tokens_per_row=4.0)
+    free = choose(batch, costs(beam=(0.01, 0.0)), stats, b, step=1)
+    assert free.beam_width == 4 and free.num_tokens == 4
+    # Each beam row costs 1 ms: 16·4 rows per step cost 48 ms more than 16.
+    costly = choose(batch, costs(beam=(0.01, 0.001)), stats, b, step=1)
+    assert costly.beam_width == 1 and costly.num_tokens >= 1
+    assert costly.goodput < free.goodput  # same statistics, dearer rows
+
+
+def test_all_drafts_rejected_stops_drafting_unless_forbidden():
+    stats = stats_with({1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0})
+    batch = Batch({"sampled": 4})
+    plan = choose(batch, costs(), stats, Bounds(4, 4), step=1)
+    assert plan.num_tokens == 0
+    plan = choose(batch, costs(), stats, Bounds(4, 4, min_tokens=1), step=1)
+    assert plan.num_tokens == 1  # the shortest draft allowed
+    plan = choose(batch, costs(), stats, Bounds(4, 4, min_beam_width=2, min_tokens=1), step=1)
+    assert plan.beam_width >= 2
+
+
+def test_cheap_verification_favours_long_drafts_dear_verification_short_ones():
+    stats = stats_with({w: 0.9 for w in (1, 2, 3, 4)}, G=8)
+    batch = Batch({"sampled": 1})
+    # Batch 1: verifying 9 tokens costs what 2 cost (memory-bound): the longest draft.
+    long = choose(batch, costs(verify=(0.1, 0.0), beam=(0.005, 0.0)), stats, Bounds(4, 8),
+                  step=1)
+    assert long.num_tokens == 8
+    # Each verified token costs as much as the fixed part: short drafts win.
+    short = choose(batch, costs(verify=(0.01, 0.05), beam=(0.005, 0.0)), stats, Bounds(4, 8),
+                   step=1)
+    assert 0 < short.num_tokens < 8
+
+
+def test_exact_rows_count_with_one_beam():
+    stats = stats_with({1: 0.9, 4: 0.5}, cls="exact")
+    batch = Batch({"exact": 4})
+    assert expected_tokens(batch, stats, 4, 4) == expected_tokens(batch, stats, 1, 4)
+    plan = choose(batch, costs(), stats, Bounds(4, 4), step=1)
+    assert plan.beam_width == 1
+
+
+def test_exploration_cycles_other_arms_on_its_period():
+    b = Bounds(beam_width=4, max_tokens=4)
+    stats = stats_with({1: 0.75, 4: 0.85})
+    batch = Batch({"sampled": 16}, first_pass_tokens_per_row=4.0)
+    c = costs(beam=(0.01, 0.0))
+    best = choose(batch, c, stats, b, step=1, explore_period=16)
+    seen = set()
+    for step in range(16, 16 * 7, 16):
+        plan = choose(batch, c, stats, b, step=step, explore_period=16)
+        assert plan.explore and (plan.beam_width, plan.num_tokens) != (best.beam_width,
+                                                                       best.num_tokens)
+        seen.add((plan.beam_width, plan.num_tokens))
+    assert (1, 4) in seen and len(seen) >= 2
+    assert not choose(batch, c, stats, b, step=17, explore_period=16).explore
+
+
+def test_bounds_are_checked():
+    with pytest.raises(ValueError, match="min_beam_width"):
+        Bounds(beam_width=4, max_tokens=4, min_beam_width=5)
+    with pytest.raises(ValueError, match="min_tokens"):
+        Bounds(beam_width=4, max_tokens=4, min_tokens=5)
+
+
+def test_config_keys_validate():
+    from vllm_mtad.config import MTADConfig, translate_speculative_config
+
+    spec, extra = translate_speculative_config(
+        {"method": "mtad", "model": "d", "num_speculative_tokens": 4,
+         "speculation_policy": "adaptive", "min_speculative_tokens": 1}, None)
+    assert "speculation_policy" not in spec
+    assert extra["mtad"]["speculation_policy"] == "adaptive"
+    with pytest.raises(ValueError, match="'speculation_policy' must be one of"):
+        MTADConfig(num_speculative_tokens=4, speculation_policy="auto")
+    with pytest.raises(ValueError, match=r"'min_beam_width' must be an integer in \[1, 4\]"):
+        MTADConfig(num_speculative_tokens=4, min_beam_width=0)
+    with pytest.raises(ValueError, match=r"'min_speculative_tokens' must be an integer in"):
+        MTADConfig(num_speculative_tokens=4, min_speculative_tokens=5)

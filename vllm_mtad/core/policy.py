@@ -1,0 +1,277 @@
+"""Choosing MTAD's beam width W and draft length γ per step: expected goodput, measured online.
+
+Goodput (SmartSpec, arXiv 2406.14066) is the expected number of tokens a step produces over
+the expected time the step takes. For a batch of B requests drafting γ tokens with W beams:
+
+    tokens(W, γ) = Σ_rows 1 + E[accepted | row's class, row's W, γ]
+    time(W, γ)   = verify(n_verify) + [γ > 0]·(first_pass(n_first) + (γ − 1)·beam_step(B·W))
+    n_verify     = B·(1 + γ) + other scheduled tokens (prefill chunks)
+
+``verify``, ``first_pass`` and ``beam_step`` are linear cost models (:class:`LinearCost`,
+seconds as a function of tokens or rows) fitted online from this engine's own step timings;
+E[accepted] comes from acceptance counts kept per request class and W
+(:class:`AcceptanceStats`): E[accepted | W, γ] = Σ_{i ≤ γ} P(accepted ≥ i | W), estimated from
+every verified draft of length ≥ i. γ = 0 means the step drafts nothing: no draft forward at
+all (the request's draft KV catches up when it next drafts), and each request gets one token
+sampled from the target.
+
+Nothing here knows the machine: where beam rows are free (batch 1, a GPU at moderate batch)
+the fitted beam-step slope is ~0 and W = beam_width wins on acceptance; where they cost (a
+CPU at batch 16) the slope is measured and W = 1 or γ = 0 wins. Until the models have data the
+policy drafts the configured (beam_width, num_speculative_tokens); afterwards one step in
+``explore_period`` tries another arm so that the estimates of arms not chosen stay current.
+
+Classes: "sampled" (temperature > 0), "joint" and "exact" (greedy, by acceptance mode). Exact
+rows always draft with one beam (the draft's argmax chain: under exact acceptance the chain
+that matches the target most often), whatever W the batch uses.
+
+No vLLM import, no torch: host-side numbers only, so that a decision costs microseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+CLASSES = ("sampled", "joint", "exact")
+
+
+@dataclass
+class LinearCost:
+    """seconds ≈ intercept + slope · size, by weighted least squares with exponential
+    forgetting (each new sample multiplies the old weights by ``decay``).
+
+    With too little spread in the sizes seen the slope is not identified; it is then shrunk
+    towards 0 (``ridge``, relative to the squared mean size), so that an unmeasured slope reads
+    as "size is free" until the sizes vary. Intercept and slope are clamped at 0 (time does not
+    fall with size)."""
+
+    decay: float = 0.98
+    ridge: float = 1e-3
+    _w: float = 0.0
+    _x: float = 0.0
+    _y: float = 0.0
+    _xx: float = 0.0
+    _xy: float = 0.0
+    samples: int = 0
+
+    def add(self, size: float, seconds: float) -> None:
+        d = self.decay
+        self._w = d * self._w + 1.0
+        self._x = d * self._x + size
+        self._y = d * self._y + seconds
+        self._xx = d * self._xx + size * size
+        self._xy = d * self._xy + size * seconds
+        self.samples += 1
+
+    def coefficients(self) -> tuple[float, float]:
+        """(intercept, slope); (0, 0) before any sample."""
+        if self._w == 0.0:
+            return 0.0, 0.0
+        mx, my = self._x / self._w, self._y / self._w
+        var = self._xx / self._w - mx * mx
+        cov = self._xy / self._w - mx * my
+        slope = max(0.0, cov / (max(var, 0.0) + self.ridge * max(mx * mx, 1.0)))
+        intercept = my - slope * mx
+        if intercept < 0.0:  # keep the line through the data's mean, never below zero at 0
+            intercept, slope = 0.0, my / mx if mx > 0 else 0.0
+        return intercept, slope
+
+    def predict(self, size: float) -> float:
+        a, b = self.coefficients()
+        return a + b * size
+
+
+@dataclass
+class AcceptanceStats:
+    """Per beam width: how often a verified draft had at least i tokens accepted, among drafts
+    of length >= i (i = 1..max_tokens), with exponential forgetting per recorded draft.
+
+    Estimates use a prior: the same position pooled over all widths, itself shrunk towards
+    ``prior_rate ** i`` (``prior_weight`` pseudo-drafts each), so a width never tried reads as
+    the others do and a fresh engine reads as a moderately good draft."""
+
+    beam_width: int
+    max_tokens: int
+    decay: float = 0.995
+    prior_rate: float = 0.7
+    prior_weight: float = 4.0
+    # [W][i-1]: decayed counts of drafts with length >= i, and of those with accepted >= i.
+    drafted: list = field(default_factory=list)
+    passed: list = field(default_factory=list)
+    drafts: int = 0
+
+    def __post_init__(self) -> None:
+        self.drafted = [[0.0] * self.max_tokens for _ in range(self.beam_width)]
+        self.passed = [[0.0] * self.max_tokens for _ in range(self.beam_width)]
+
+    def record(self, width: int, num_drafted: int, num_accepted: int, count: int = 1) -> None:
+        """``count`` drafts of ``num_drafted`` tokens by ``width`` beams, each with
+        ``num_accepted`` accepted."""
+        if num_drafted <= 0 or count <= 0:
+            return
+        w = min(max(width, 1), self.beam_width) - 1
+        keep = self.decay ** count
+        for row in (self.drafted[w], self.passed[w]):
+            for i in range(self.max_tokens):
+                row[i] *= keep
+        for i in range(min(num_drafted, self.max_tokens)):
+            self.drafted[w][i] += count
+            if num_accepted > i:
+                self.passed[w][i] += count
+        self.drafts += count
+
+    def pass_rate(self, width: int, position: int) -> float:
+        """P(accepted >= position | drafted >= position, width)."""
+        i = position - 1
+        pooled_n = sum(self.drafted[w][i] for w in range(self.beam_width))
+        pooled_a = sum(self.passed[w][i] for w in range(self.beam_width))
+        k = self.prior_weight
+        pooled = (pooled_a + k * self.prior_rate ** position) / (pooled_n + k)
+        w = min(max(width, 1), self.beam_width) - 1
+        return (self.passed[w][i] + k * pooled) / (self.drafted[w][i] + k)
+
+    def expected_accepted(self, width: int, num_tokens: int) -> float:
+        """E[accepted tokens] of a draft of ``num_tokens`` by ``width`` beams."""
+        rates = [self.pass_rate(width, i) for i in range(1, min(num_tokens, self.max_tokens) + 1)]
+        # P(accepted >= i) cannot grow with i: a prefix-monotone envelope of the estimates.
+        total, envelope = 0.0, 1.0
+        for r in rates:
+            envelope = min(envelope, r)
+            total += envelope
+        return total
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What the policy may choose: W in [min_beam_width, beam_width], γ in
+    [min_tokens, max_tokens] (min_tokens >= 1 forbids steps without a draft)."""
+
+    beam_width: int
+    max_tokens: int
+    min_beam_width: int = 1
+    min_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_beam_width <= self.beam_width:
+            raise ValueError(f"min_beam_width must be in [1, {self.beam_width}], "
+                             f"got {self.min_beam_width}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, {self.max_tokens}], "
+                             f"got {self.min_tokens}")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The batch a step drafts for: rows per class, and scheduled tokens that are not decode
+    tokens (prefill chunks), which every arm verifies alike."""
+
+    rows: dict  # class name -> number of rows
+    other_tokens: int = 0
+    first_pass_tokens_per_row: float = 1.0  # tokens the draft's first pass reads per row
+
+    @property
+    def size(self) -> int:
+        return sum(self.rows.values())
+
+
+@dataclass(frozen=True)
+class Plan:
+    beam_width: int
+    num_tokens: int
+    explore: bool = False
+    goodput: float | None = None  # predicted tokens per second; None before the models have data
+
+
+@dataclass
+class CostModel:
+    """The three step components the arms differ in (seconds)."""
+
+    verify: LinearCost = field(default_factory=LinearCost)  # by tokens the target verifies
+    first_pass: LinearCost = field(default_factory=LinearCost)  # by tokens of the first pass
+    beam_step: LinearCost = field(default_factory=LinearCost)  # by draft rows (B·W)
+    rest: LinearCost = field(default_factory=LinearCost)  # bookkeeping, scheduling: by rows
+
+    def ready(self, min_samples: int, max_tokens: int) -> bool:
+        parts = [self.verify, self.first_pass] + ([self.beam_step] if max_tokens > 1 else [])
+        return min(p.samples for p in parts) >= min_samples
+
+    def step_time(self, batch: Batch, width: int, num_tokens: int) -> float:
+        B = batch.size
+        t = self.rest.predict(B) + self.verify.predict(B * (1 + num_tokens) + batch.other_tokens)
+        if num_tokens > 0:
+            t += self.first_pass.predict(B * batch.first_pass_tokens_per_row)
+            t += (num_tokens - 1) * self.beam_step.predict(B * width)
+        return t
+
+
+def expected_tokens(batch: Batch, stats: dict, width: int, num_tokens: int) -> float:
+    """Σ over rows of 1 + E[accepted]; exact rows draft with one beam."""
+    total = 0.0
+    for cls, n in batch.rows.items():
+        if n == 0:
+            continue
+        acc = 0.0
+        if num_tokens > 0:
+            acc = stats[cls].expected_accepted(1 if cls == "exact" else width, num_tokens)
+        total += n * (1.0 + acc)
+    return total
+
+
+def arms(bounds: Bounds, batch: Batch) -> list[tuple[int, int]]:
+    """Every (W, γ) in bounds; one W when every row is exact (W does not matter to them)."""
+    only_exact = batch.rows.get("exact", 0) == batch.size
+    widths = [1] if only_exact else range(bounds.min_beam_width, bounds.beam_width + 1)
+    return [(w, g) for w in widths for g in range(bounds.min_tokens, bounds.max_tokens + 1)
+            if g > 0 or w == widths[0]]
+
+
+def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: int,
+           explore_period: int = 16, min_samples: int = 8) -> Plan:
+    """The (W, γ) that maximises expected goodput for ``batch``.
+
+    Before ``costs`` has ``min_samples`` of each component: the configured (beam_width,
+    max_tokens), so the first steps measure the fixed setting. Afterwards, at every
+    ``explore_period``-th step an exploration arm (cycling through W = 1 and W = beam_width at
+    the full length, and half the length) unless it is the best arm already."""
+    only_exact = batch.rows.get("exact", 0) == batch.size
+    full_width = 1 if only_exact else bounds.beam_width
+    if batch.size == 0 or not costs.ready(min_samples, bounds.max_tokens):
+        return Plan(full_width, bounds.max_tokens)
+    best, best_goodput = None, -1.0
+    for w, g in arms(bounds, batch):
+        goodput = expected_tokens(batch, stats, w, g) / max(costs.step_time(batch, w, g), 1e-9)
+        if goodput > best_goodput + 1e-12:
+            best, best_goodput = (w, g), goodput
+    w, g = best
+    if explore_period > 0 and step % explore_period == 0:
+        half = max(bounds.min_tokens, 1, (bounds.max_tokens + 1) // 2)
+        candidates = [(max(bounds.min_beam_width, 1), bounds.max_tokens),
+                      (full_width, bounds.max_tokens), (w, half)]
+        candidates = [c for c in dict.fromkeys(candidates) if c != (w, g) and c[1] > 0]
+        if only_exact:
+            candidates = [(1, c[1]) for c in candidates if c[1] != g]
+        if candidates:
+            ew, eg = candidates[(step // explore_period) % len(candidates)]
+            return Plan(ew, eg, explore=True,
+                        goodput=expected_tokens(batch, stats, ew, eg)
+                        / max(costs.step_time(batch, ew, eg), 1e-9))
+    return Plan(w, g, goodput=best_goodput)
+
+
+def new_stats(beam_width: int, max_tokens: int) -> dict:
+    return {cls: AcceptanceStats(beam_width, max_tokens) for cls in CLASSES}
+
+
+def summary(stats: dict) -> dict:
+    """Per class and W: drafts seen and E[accepted] at full length (for logs and benchmarks)."""
+    out = {}
+    for cls, s in stats.items():
+        if s.drafts == 0:
+            continue
+        out[cls] = {f"W{w}": round(s.expected_accepted(w, s.max_tokens), 3)
+                    for w in range(1, s.beam_width + 1)} | {"drafts": s.drafts}
+    return out
+
+
+__all__ = ["CLASSES", "LinearCost", "AcceptanceStats", "Bounds", "Batch", "Plan", "CostModel",
+           "expected_tokens", "arms", "choose", "new_stats", "summary"]

@@ -1,0 +1,294 @@
+"""Per-engine speculation state: what the policy measures, what it chose, and which requests'
+draft KV is behind.
+
+One :class:`SpeculationController` per MTAD runner, created by the drafter and handed to the
+rejection sampler (patches/worker/patch_gpu_model_runner.py). It holds:
+
+- the requests' MTAD settings (τ, greedy mode, seed), resolved once per request;
+- the cost models and acceptance statistics of :mod:`vllm_mtad.core.policy`, fed by
+  :class:`StepClock` timings of each step's parts and by a device histogram of accepted
+  lengths that the sampler fills (read on the host every ``stats_period`` steps);
+- :class:`DraftKVTracker`: which requests skipped draft steps (γ = 0), so that their draft KV
+  catches up in one batched draft pass when they next draft;
+- counters of the (W, γ) chosen, for ``drafter_stats`` and the periodic log line.
+
+Timing: on CPU, ``time.perf_counter``; on CUDA, events recorded on the stream and read one
+step later (no host sync). Step parts: *verify* (from the runner's input preparation to the
+drafter: the target's forward and the sampler) by tokens scheduled, *first pass* (the draft's
+catch-up and first pass) by tokens read, *beam step* (one draft step of B·W rows, vocabulary
+work included) by rows, and the *rest* (bookkeeping, scheduling) by requests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter
+
+import torch
+
+from vllm_mtad.config import MTADConfig, request_settings
+from vllm_mtad.core import policy
+from vllm_mtad.log import get_logger
+
+logger = get_logger(__name__)
+
+CLASS_INDEX = {c: i for i, c in enumerate(policy.CLASSES)}
+LOG_EVERY_STEPS = 2000
+
+
+def request_seed(sampling_params, req_id: str) -> int:
+    """The request's seed, or a stable hash of its id (identical on every TP rank)."""
+    seed = getattr(sampling_params, "seed", None)
+    if seed is not None:
+        return int(seed)
+    return int.from_bytes(hashlib.blake2b(req_id.encode(), digest_size=8).digest(), "little") >> 1
+
+
+class StepClock:
+    """Time marks that cost no host sync: floats on CPU, CUDA events on a GPU (read once they
+    have completed, i.e. a step later)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start, end) -> float | None:
+        """Seconds between two marks, or None while a CUDA event has not completed."""
+        if not self.cuda:
+            return end - start
+        if not (start.query() and end.query()):
+            return None
+        return start.elapsed_time(end) / 1e3
+
+
+class DraftKVTracker:
+    """Which requests' draft KV lags the target's, on the host.
+
+    A request is *current* when the draft has processed every token before the step's first
+    query position (``start``): true after any step whose first draft pass included it. In a
+    step without drafting it becomes *stale* with its draft KV valid below ``start`` (the
+    previous first pass wrote the token at ``start``; one token of slack costs nothing). When
+    it next drafts, the tokens [valid, start) are fed to the draft first (a catch-up pass).
+    A request first seen with tokens already computed (a prefix-cache hit, or resumed after
+    preemption) once any step has skipped drafting is taken as stale from 0: its cached blocks
+    may have been filled in a step the draft skipped.
+    """
+
+    def __init__(self):
+        self.valid: dict[str, int] = {}  # stale requests: draft KV valid for positions < value
+        self.last_start: dict[str, int] = {}
+        self.skipped_any = False
+
+    def step(self, req_ids, starts, drafting: bool) -> dict[str, tuple[int, int]]:
+        """Update for one step; returns {req_id: (valid, start)} to catch up (drafting only)."""
+        gaps = {}
+        for req_id, start in zip(req_ids, starts):
+            start = int(start)
+            last = self.last_start.get(req_id)
+            if (last is None or start < last) and start > 0 and self.skipped_any:
+                self.valid[req_id] = 0  # unknown history: recompute the draft KV
+            self.last_start[req_id] = start
+            if drafting:
+                valid = self.valid.pop(req_id, None)
+                if valid is not None and valid < start:
+                    gaps[req_id] = (valid, start)
+            elif req_id not in self.valid:
+                self.valid[req_id] = start
+        if not drafting:
+            self.skipped_any = True
+        return gaps
+
+    def prune(self, live) -> None:
+        for d in (self.valid, self.last_start):
+            for r in [r for r in d if r not in live]:
+                del d[r]
+
+
+class SpeculationController:
+    def __init__(self, cfg: MTADConfig, device: torch.device):
+        self.cfg = cfg
+        self.adaptive = cfg.speculation_policy == "adaptive"
+        G, W = cfg.num_speculative_tokens, cfg.beam_width
+        self.bounds = policy.Bounds(W, G, cfg.min_beam_width, cfg.min_speculative_tokens)
+        self.costs = policy.CostModel()
+        self.stats = policy.new_stats(W, G)
+        self.kv = DraftKVTracker()
+        self.clock = StepClock(device)
+        self.device = device
+        self.steps = 0
+        self.chosen: Counter = Counter()  # "W{w}_g{g}" -> steps
+        self.explored = 0
+        self.catch_up_tokens = 0
+        # [classes, W, γ+1 drafted, γ+1 accepted] counts, filled on the device by the sampler.
+        self._hist = torch.zeros(len(policy.CLASSES) * W * (G + 1) * (G + 1), dtype=torch.int64,
+                                 device=device)
+        self._hist_read = [0] * self._hist.numel()
+        self.stats_period = 8 if device.type == "cuda" else 1
+        self._settings: dict[str, tuple[float, bool, int]] = {}  # req_id -> (τ, exact, seed)
+        self.widths: dict[str, int] = {}  # req_id -> beams of its latest draft
+        self._pending: list = []  # (cost model, size, start mark, end mark)
+        self._step_start = None
+        self._last_end = None
+        self._last_batch = 0
+        self._first_tokens_per_row = 1.0
+        # A cycle of (W, γ) to use instead of the policy's choice: for tests and benchmarks that
+        # need a known schedule (set with force_plans()).
+        self.forced: list[tuple[int, int]] | None = None
+
+    # --- requests -------------------------------------------------------------------------
+    def request_settings(self, req_ids, requests) -> tuple[list[float], list[bool], list[int]]:
+        """τ, exact-greedy flag and noise seed of each request, resolved once per request. A
+        bad override was refused in the front end; here it falls back to the engine's."""
+        tau, exact, seeds = [], [], []
+        for req_id in req_ids:
+            s = self._settings.get(req_id)
+            if s is None:
+                params = requests[req_id].sampling_params
+                try:
+                    t, mode = request_settings(params.extra_args, self.cfg)
+                except ValueError:
+                    t, mode = self.cfg.acceptance_threshold, self.cfg.greedy_acceptance
+                s = self._settings[req_id] = (t, mode == "exact", request_seed(params, req_id))
+            tau.append(s[0])
+            exact.append(s[1])
+            seeds.append(s[2])
+        return tau, exact, seeds
+
+    def prune(self, live) -> None:
+        """Forget finished requests (``live``: the runner's requests)."""
+        for d in (self._settings, self.widths):
+            for r in [r for r in d if r not in live]:
+                del d[r]
+        self.kv.prune(live)
+
+    # --- timing ---------------------------------------------------------------------------
+    def on_step_start(self) -> None:
+        """The runner began preparing a step's inputs."""
+        if not self.adaptive:
+            return
+        now = self.clock.mark()
+        if self._last_end is not None:
+            self._pending.append((self.costs.rest, self._last_batch, self._last_end, now, 1))
+            self._last_end = None
+        self._step_start = now
+
+    def mark(self):
+        return self.clock.mark() if self.adaptive else None
+
+    def time_part(self, model: policy.LinearCost, size: float, start, end=None,
+                  count: int = 1) -> None:
+        """One sample of ``model`` (``count`` equal parts between the marks: seconds/count)."""
+        if start is None:  # not timing (fixed policy)
+            return
+        end = end if end is not None else self.clock.mark()
+        self._pending.append((model, size, start, end, count))
+
+    def drafting_done(self, batch_size: int) -> None:
+        if not self.adaptive:
+            return
+        self._last_end = self.clock.mark()
+        self._last_batch = batch_size
+
+    def _resolve(self) -> None:
+        keep = []
+        for item in self._pending:
+            model, size, start, end, count = item
+            seconds = self.clock.seconds(start, end)
+            if seconds is None:
+                keep.append(item)
+                continue
+            seconds /= count
+            if model is not self.costs.rest or model.samples < 8 or (
+                    seconds < 5 * model.predict(size) + 1e-3):  # the engine idled in between
+                model.add(size, seconds)
+        self._pending = keep
+
+    # --- acceptance -----------------------------------------------------------------------
+    def record_acceptance(self, classes: list[int], widths: list[int], drafted: torch.Tensor,
+                          accepted: torch.Tensor) -> None:
+        """Count each row's verified draft (device tensors [B]: drafted and accepted lengths)."""
+        G, W = self.cfg.num_speculative_tokens, self.cfg.beam_width
+        base = [(c * W + min(w, W) - 1) * (G + 1) * (G + 1) for c, w in zip(classes, widths)]
+        idx = (torch.tensor(base, dtype=torch.int64).to(self.device, non_blocking=True)
+               + drafted.clamp(0, G) * (G + 1) + accepted.clamp(0, G))
+        self._hist.index_add_(0, idx, torch.ones_like(idx))
+
+    def _read_acceptance(self) -> None:
+        now = self._hist.tolist()
+        G, W = self.cfg.num_speculative_tokens, self.cfg.beam_width
+        for i, (a, b) in enumerate(zip(now, self._hist_read)):
+            if a == b:
+                continue
+            accepted = i % (G + 1)
+            drafted = (i // (G + 1)) % (G + 1)
+            width = (i // ((G + 1) * (G + 1))) % W + 1
+            cls = policy.CLASSES[i // (W * (G + 1) * (G + 1))]
+            self.stats[cls].record(width, drafted, accepted, a - b)
+        self._hist_read = now
+
+    # --- the decision ---------------------------------------------------------------------
+    def plan(self, classes: list[str], scheduled_tokens: int) -> policy.Plan:
+        """(W, γ) for this step's drafts; also closes the verify part of the step's timing."""
+        B = len(classes)
+        if self._step_start is not None:
+            self.time_part(self.costs.verify, scheduled_tokens, self._step_start)
+            self._step_start = None
+        self.steps += 1
+        if self.forced:
+            w, g = self.forced[(self.steps - 1) % len(self.forced)]
+            plan = policy.Plan(w, g)
+        elif self.adaptive:
+            self._resolve()
+            if self.steps % self.stats_period == 0:
+                self._read_acceptance()
+            rows = Counter(classes)
+            batch = policy.Batch(dict(rows), other_tokens=max(0, scheduled_tokens - B),
+                                 first_pass_tokens_per_row=self._first_tokens_per_row)
+            plan = policy.choose(batch, self.costs, self.stats, self.bounds, self.steps)
+        else:
+            only_exact = all(c == "exact" for c in classes)
+            plan = policy.Plan(1 if only_exact else self.cfg.beam_width,
+                               self.cfg.num_speculative_tokens)
+        self.chosen[f"W{plan.beam_width}_g{plan.num_tokens}"] += 1
+        self.explored += plan.explore
+        if self.adaptive and self.steps % LOG_EVERY_STEPS == 0:
+            logger.info("MTAD adaptive speculation, %d steps: chosen %s; E[accepted] %s",
+                        self.steps, dict(self.chosen.most_common(6)),
+                        policy.summary(self.stats))
+        return plan
+
+    def first_pass_size(self, tokens: int, rows: int) -> None:
+        if rows:
+            self._first_tokens_per_row = 0.9 * self._first_tokens_per_row + 0.1 * tokens / rows
+
+    def snapshot(self) -> dict:
+        """Counters for drafter_stats() and the benchmarks."""
+        self._resolve()
+        self._read_acceptance()
+        coeffs = {name: [round(c, 6) for c in m.coefficients()]
+                  for name, m in (("verify", self.costs.verify),
+                                  ("first_pass", self.costs.first_pass),
+                                  ("beam_step", self.costs.beam_step),
+                               ("rest", self.costs.rest))}
+        return {"policy": self.cfg.speculation_policy, "policy_steps": self.steps,
+                "policy_chosen": dict(self.chosen), "policy_explored": self.explored,
+                "policy_catch_up_tokens": self.catch_up_tokens,
+                "policy_costs": coeffs, "policy_acceptance": policy.summary(self.stats)}
+
+
+def force_plans(plans):
+    """For ``LLM.collective_rpc(force_plans(...))``: make every MTAD runner cycle through
+    ``plans`` ([(W, γ), ...]; None: back to the policy) from its next step."""
+    def apply(worker):
+        speculation = getattr(getattr(worker.model_runner, "drafter", None), "speculation", None)
+        if speculation is not None:
+            speculation.forced = None if plans is None else [tuple(p) for p in plans]
+            speculation.steps = 0
+    return apply
