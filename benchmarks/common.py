@@ -11,6 +11,25 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
+# The CPU features that decide the speed of vLLM's CPU kernels (bf16 matmuls, attention).
+CPU_FLAGS_OF_INTEREST = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
+                         "avx512_vnni", "avx512_fp16", "amx_bf16", "amx_int8", "amx_tile")
+
+
+def cpu_model_and_flags() -> dict:
+    """{"cpu_model", "cpu_flags"} from /proc/cpuinfo (Linux); empty elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            info = fh.read()
+    except OSError:
+        return {}
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                  if line.startswith("model name")), "unknown")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines()
+                  if line.startswith("flags")), [])
+    return {"cpu_model": model, "cpu_flags": [f for f in CPU_FLAGS_OF_INTEREST if f in flags]}
+
+
 def environment() -> dict:
     import torch
     import vllm
@@ -20,6 +39,7 @@ def environment() -> dict:
     return {"vllm": vllm.__version__, "vllm_mtad": vllm_mtad.__version__,
             "torch": torch.__version__, "python": platform.python_version(),
             "machine": platform.machine(), "processor": platform.processor() or "unknown",
+            **cpu_model_and_flags(),
             "cpus": os.cpu_count(), "gpu": torch.cuda.get_device_name(0)
             if torch.cuda.is_available() else None,
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}

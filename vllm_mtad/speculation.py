@@ -233,6 +233,16 @@ class SpeculationController:
             self.stats[cls].record(width, drafted, accepted, a - b)
         self._hist_read = now
 
+    def verified(self) -> tuple[int, int]:
+        """(drafts verified, draft tokens accepted) since start, from the sampler's counts."""
+        G = self.cfg.num_speculative_tokens
+        drafts = accepted = 0
+        for i, count in enumerate(self._hist_read):
+            if count and (i // (G + 1)) % (G + 1) > 0:  # drafted length > 0
+                drafts += count
+                accepted += count * (i % (G + 1))
+        return drafts, accepted
+
     # --- the decision ---------------------------------------------------------------------
     def plan(self, classes: list[str], scheduled_tokens: int) -> policy.Plan:
         """(W, γ) for this step's drafts; also closes the verify part of the step's timing."""
@@ -243,7 +253,7 @@ class SpeculationController:
         self.steps += 1
         if self.forced:
             w, g = self.forced[(self.steps - 1) % len(self.forced)]
-            plan = policy.Plan(w, g)
+            plan = policy.Plan(1 if all(c == "exact" for c in classes) else w, g)
         elif self.adaptive:
             self._resolve()
             if self.steps % self.stats_period == 0:
@@ -277,7 +287,9 @@ class SpeculationController:
                                   ("first_pass", self.costs.first_pass),
                                   ("beam_step", self.costs.beam_step),
                                ("rest", self.costs.rest))}
+        drafts, accepted = self.verified()
         return {"policy": self.cfg.speculation_policy, "policy_steps": self.steps,
+                "verified_drafts": drafts, "accepted_tokens": accepted,
                 "policy_chosen": dict(self.chosen), "policy_explored": self.explored,
                 "policy_catch_up_tokens": self.catch_up_tokens,
                 "policy_costs": coeffs, "policy_acceptance": policy.summary(self.stats)}
