@@ -132,3 +132,22 @@ def test_kv_cost_beams_reserve_nothing_in_the_target_layers(tmp_path):
     # The one startup line says what the draft-only blocks hold (W=4 only: W=1 needs none).
     lines = [line for line in (out + err).splitlines() if "draft-only KV blocks" in line]
     assert len(lines) == 1 and "192 draft-only KV blocks (9.00 MiB)" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_policy_grid_on_tiny_pair(tmp_path):
+    run_module(["benchmarks.policy_grid", "--tiny", "--batches", "1", "2", "--tokens", "12",
+                "--repeats", "2", "--cells", "T=1", "T=0 exact", "--out", str(tmp_path / "out")],
+               tmp_path)
+    data = json.loads((tmp_path / "out" / "policy_grid.json").read_text())
+    assert data["environment"]["cpu_model"] and "cpu_flags" in data["environment"]
+    cells = {(c["cell"], c["batch"], c["config"]): c for c in data["cells"]}
+    assert len(cells) == 2 * 2 * 4
+    for (cell, batch, config), c in cells.items():
+        assert c["min"] <= c["tok_s"] <= c["max"]
+        if config.startswith("mtad") or config == "vllm_sd":
+            assert 1 <= c["acceptance"] <= 5
+    assert all(r["tokens"] == 12 * r["batch"] for r in data["runs"])
+    # The fixed configuration drafts (4, 4) every step; exact batches draft one beam.
+    assert cells[("T=1", 2, "mtad_fixed")]["chosen"].startswith("W4_g4")
+    assert cells[("T=0 exact", 2, "mtad_fixed")]["chosen"].startswith("W1_g4")

@@ -23,20 +23,37 @@ from vllm_mtad.config import MTADConfig
 pytestmark = pytest.mark.e2e
 
 
-def test_tp2_equals_tp1_and_the_reference(tiny_pair_dirs, tiny_pair):
-    target_dir, draft_dir = tiny_pair_dirs
+def run_tp2(target_dir, draft_dir, policy="fixed"):
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     proc = subprocess.run([sys.executable, "-m", "tests.tp_run", str(target_dir),
-                           str(draft_dir), "2"], env=env, capture_output=True, text=True,
-                          timeout=400, cwd=Path(__file__).parent.parent)
+                           str(draft_dir), "2", policy], env=env, capture_output=True,
+                          text=True, timeout=400, cwd=Path(__file__).parent.parent)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    tp2 = json.loads(lines[0].removeprefix("RESULT "))
+    return json.loads(lines[0].removeprefix("RESULT "))
 
+
+def test_tp2_equals_tp1_and_the_reference(tiny_pair_dirs, tiny_pair):
+    target_dir, draft_dir = tiny_pair_dirs
+    tp2 = run_tp2(target_dir, draft_dir)
     tp1 = run(target_dir, draft_dir, 1, in_process=True)
+    tp2.pop("chosen"), tp1.pop("chosen")
     assert tp2 == tp1
     cfg = MTADConfig(4, 4, 0.5)
     for prompt, tokens in zip(PROMPTS, tp2["greedy"]):
         assert tokens == ref.generate(*tiny_pair, prompt, 40, cfg,
                                       ref.Sampling(temperature=0.0)).token_ids
+
+
+def test_tp2_adaptive_ranks_choose_alike(tiny_pair_dirs, tiny_pair):
+    """Under the adaptive policy each rank times its own steps; the first rank's choice is
+    broadcast, so both ranks draft the same shapes every step (else the engine would hang or
+    corrupt). Exact greedy output stays the target's greedy decoding."""
+    target_dir, draft_dir = tiny_pair_dirs
+    tp2 = run_tp2(target_dir, draft_dir, "adaptive")
+    ranks = tp2["chosen"]
+    assert len(ranks) == 2 and ranks[0] == ranks[1] and len(ranks[0]) > 1
+    for prompt, tokens in zip(PROMPTS, tp2["exact"]):
+        assert tokens == ref.greedy_decode(tiny_pair[0], prompt, 40)
+    assert all(len(t) == 40 for t in tp2["sampled"])

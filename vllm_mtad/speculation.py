@@ -266,6 +266,8 @@ class SpeculationController:
             only_exact = all(c == "exact" for c in classes)
             plan = policy.Plan(1 if only_exact else self.cfg.beam_width,
                                self.cfg.num_speculative_tokens)
+        if self.adaptive and not self.forced:
+            plan = _same_on_every_rank(plan)
         self.chosen[f"W{plan.beam_width}_g{plan.num_tokens}"] += 1
         self.explored += plan.explore
         if self.adaptive and self.steps % LOG_EVERY_STEPS == 0:
@@ -293,6 +295,23 @@ class SpeculationController:
                 "policy_chosen": dict(self.chosen), "policy_explored": self.explored,
                 "policy_catch_up_tokens": self.catch_up_tokens,
                 "policy_costs": coeffs, "policy_acceptance": policy.summary(self.stats)}
+
+
+def _same_on_every_rank(plan: policy.Plan) -> policy.Plan:
+    """The first tensor-parallel rank's plan, on every rank. Each rank times its own steps, so
+    their cost models differ a little; drafts of different shapes on different ranks would
+    corrupt the engine. Two integers over the TP group's CPU group (gloo): no device sync."""
+    from vllm.distributed import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return plan
+    tp = parallel_state.get_tp_group()
+    if tp.world_size == 1:
+        return plan
+    choice = torch.tensor([plan.beam_width, plan.num_tokens], dtype=torch.int64)
+    torch.distributed.broadcast(choice, src=tp.first_rank, group=tp.cpu_group)
+    w, g = choice.tolist()
+    return policy.Plan(w, g, plan.explore, plan.goodput)
 
 
 def force_plans(plans):
