@@ -160,9 +160,9 @@ class MTADProposer(DraftModelProposer):
             return torch.empty(B, 0, dtype=torch.int64, device=self.device)
 
         started = time.perf_counter()
-        mark = spec.mark()
-        if gaps:
+        if gaps:  # the catch-up pass records its own timing sample
             self._catch_up(gaps, req_ids, kwargs["common_attn_metadata"])
+        mark = spec.mark()
         self._capture = True
         try:  # vLLM's first pass only: one draft position.
             super().propose(num_speculative_tokens=1, **kwargs)
@@ -208,11 +208,10 @@ class MTADProposer(DraftModelProposer):
             self.stats["dense_redos"] += 1
             tokens, draft_logprobs, _ = self._draft_round(
                 ctx, logits, replace(plan_k, num_candidates=None))
-            beam_mark = None  # not a representative timing
+            beam_mark = mark = None  # two rounds: not a representative timing
         if gamma > 1:
             spec.time_part(spec.costs.first_pass, first_tokens, mark, beam_mark)
-            if beam_mark is not None:
-                spec.time_part(spec.costs.beam_step, B * W, beam_mark, count=gamma - 1)
+            spec.time_part(spec.costs.beam_step, B * W, beam_mark, count=gamma - 1)
         else:
             spec.time_part(spec.costs.first_pass, first_tokens, mark)
         for req_id, e in zip(req_ids, exact_host):

@@ -13,7 +13,8 @@ Why: the runner builds ``DraftModelProposer`` and ``RejectionSampler`` from name
 How: wraps __init__; after it, for MTAD engines only, swaps ``self.drafter`` for
     vllm_mtad.proposer.MTADProposer and ``self.rejection_sampler`` for
     vllm_mtad.sampler.MTADRejectionSampler. Both subclass the originals, so every isinstance
-    check in the runner keeps holding. Before it, for every engine, applies
+    check in the runner keeps holding; they share the drafter's SpeculationController, and the
+    wrapped ``_prepare_inputs`` marks the start of each step for its timings (MTAD runners). Before it, for every engine, applies
     patch_phase_timers (inert unless VLLM_MTAD_PHASE_TIMERS=1; the worker patches are applied
     once per process, a runner is built per engine, and timers may be switched on in between).
     For MTAD runners with W > 1,
