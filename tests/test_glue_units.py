@@ -182,3 +182,18 @@ def test_draft_processing_equals_vllm_apply_sampling_constraints(seed):
     finite = ~torch.isinf(ours)
     assert torch.allclose(ours[finite], theirs[finite], atol=1e-5)
     assert (torch.isinf(ours).sum(dim=1) > 0).sum() >= N // 2  # the constraints did cut
+
+
+def test_scratch_rows_for_the_rounds_width_and_length():
+    """The scratch is reserved for (beam_width, γ) x max_num_seqs rows; a round with fewer
+    beams or a shorter draft lays its tails out for itself and fits more rows."""
+    from types import SimpleNamespace
+
+    from vllm_mtad.beam_kv import scratch_blocks
+    from vllm_mtad.proposer import scratch_rows
+
+    blocks = scratch_blocks(8, 4, 4, 32)
+    scratch = SimpleNamespace(blocks=blocks, rows=8)
+    assert scratch_rows(scratch, 4, 4, 32) == 8
+    assert scratch_rows(scratch, 2, 4, 32) == 24  # one tail per row instead of three
+    assert scratch_rows(scratch, 1, 4, 32) == 8  # W = 1 needs no scratch

@@ -27,7 +27,7 @@ from vllm.forward_context import set_forward_context
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
-from vllm_mtad.beam_kv import BeamKVLayout
+from vllm_mtad.beam_kv import BeamKVLayout, tail_blocks
 from vllm_mtad.config import from_additional_config
 from vllm_mtad.core import beam_step, best_beam, is_greedy, keep_rows
 from vllm_mtad.core.processing import (GREEDY_TEMPERATURE, CandidatePlan, draft_candidates,
@@ -297,7 +297,8 @@ class MTADProposer(DraftModelProposer):
                 layout = BeamKVLayout(ctx.cad.block_table_tensor[:B].clone(), num_blocks,
                                       ctx.first_pos - 1, ctx.gamma, W, self.block_size,
                                       self.max_model_len, scratch.base if room else 0,
-                                      scratch.rows if room else 0)
+                                      scratch_rows(scratch, W, ctx.gamma, self.block_size)
+                                      if room else 0)
                 row_width = layout.row_beam_width
                 self._device_stats["narrowed_rows"] += (row_width < W).sum()
         # Rows the plan gives fewer beams (exact greedy: one) keep only those.
@@ -374,6 +375,14 @@ class MTADProposer(DraftModelProposer):
             hidden = self.model(input_ids=input_ids.to(torch.int32), positions=kv.positions,
                                 inputs_embeds=None)
         return self.model.compute_logits(hidden)
+
+
+def scratch_rows(scratch, width: int, gamma: int, block_size: int) -> int:
+    """Rows whose W-1 beam tails fit in the scratch, laid out for this round's W and γ: the
+    scratch is reserved for the configured ones, and a narrower or shorter round fits more
+    rows (the rows past the count draft one beam)."""
+    per_row = (width - 1) * tail_blocks(gamma, block_size)
+    return scratch.blocks // per_row if per_row > 0 else scratch.rows
 
 
 def beam_attn_groups(groups, vllm_config, device, width: int) -> list:
