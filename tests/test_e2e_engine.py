@@ -377,7 +377,10 @@ def test_engine_config_plumbing(tiny_pair_dirs):
     assert config.speculative_config.method == "draft_model"
     assert config.additional_config["mtad"] == {"num_speculative_tokens": 5, "beam_width": 3,
                                                 "acceptance_threshold": 0.4,
-                                                "greedy_acceptance": "exact"}
+                                                "greedy_acceptance": "exact",
+                                                "speculation_policy": "fixed",
+                                                "min_beam_width": 1,
+                                                "min_speculative_tokens": 0}
     assert "speculative method 'mtad'" in runner_features and not config.use_v2_model_runner
     assert lookahead == 5  # vLLM's own (γ): the beams' tails are in draft-only blocks
 
@@ -472,14 +475,17 @@ def test_top_k_alone_with_prefill_only_steps(tiny_pair_dirs):
 def test_rows_near_max_model_len_keep_all_beams(tiny_pair_dirs, tiny_pair):
     """Near max_model_len the scheduler caps the lookahead; the beams' private tails are in
     draft-only blocks, so every row keeps its W beams (none narrowed) up to the end of the
-    context, and the output stays correct ("exact" mode is lossless)."""
+    context, and the output stays correct ("exact" mode is lossless). Exact rows draft one
+    beam (the argmax chain), so a "joint" request of the same prompt runs beside it to keep
+    the beams (and their block copies) in play up to the end of the context."""
     from vllm_mtad.proposer import drafter_stats
 
     target_dir, draft_dir = tiny_pair_dirs
     prompt = list(range(30, 130))  # 100 tokens; 150 more reach max_model_len = 256
     llm = make_llm(target_dir, mtad_spec(draft_dir, 4, 4, greedy_acceptance="exact"),
                    max_model_len=256)
-    got = generate_ids(llm, [prompt], greedy_params(150))[0]
+    got, _ = generate_ids(llm, [prompt, prompt], [
+        greedy_params(150), greedy_params(150, extra_args={"greedy_acceptance": "joint"})])
     stats = llm.collective_rpc(drafter_stats)[0]
     close(llm)
     assert got == ref.greedy_decode(tiny_pair[0], prompt, 150)

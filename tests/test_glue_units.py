@@ -58,7 +58,9 @@ def test_translate_speculative_config():
     assert spec == {"method": "draft_model", "model": "d", "num_speculative_tokens": 3}
     assert extra == {"other": 1, "mtad": {"num_speculative_tokens": 3, "beam_width": 2,
                                           "acceptance_threshold": 0.5,
-                                          "greedy_acceptance": "joint"}}
+                                          "greedy_acceptance": "joint",
+                                          "speculation_policy": "fixed", "min_beam_width": 1,
+                                          "min_speculative_tokens": 0}}
     with pytest.raises(ValueError, match="'model' is required"):
         translate_speculative_config({"method": "mtad", "num_speculative_tokens": 3}, None)
     with pytest.raises(ValueError, match="'num_speculative_tokens' is required"):

@@ -6,6 +6,7 @@ Usage: python -m tests.tp_run TARGET DRAFT TP [POLICY]  -> prints one line "RESU
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 50)), list(range(200, 262))]
@@ -17,6 +18,8 @@ def run(target, draft, tp, in_process=False, policy="fixed"):
     from tests.engine_utils import close, generate_ids, make_llm, mtad_spec
     from vllm_mtad.proposer import drafter_stats
 
+    # collective_rpc(drafter_stats) sends a function to the mp executor's workers (a test).
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     kwargs = {} if in_process else {"distributed_executor_backend": "mp"}
     llm = make_llm(target, mtad_spec(draft, 4, 4, 0.5, speculation_policy=policy),
                    tensor_parallel_size=tp, **kwargs)
