@@ -72,7 +72,7 @@ def main(argv=None) -> None:
     prompts = humaneval_prompts(2 * max_batch)
     common = dict(dtype="float32" if tiny else "bfloat16", max_model_len=2048,
                   max_num_seqs=max_batch, max_num_batched_tokens=4096, block_size=32,
-                  kv_cache_bytes=(256 << 20) if tiny else (2 << 30), disable_log_stats=False)
+                  kv_cache_bytes=(256 << 20) if tiny else (640 << 20), disable_log_stats=False)
     engines = {"target": build_llm(target, None, **common),
                "mtad": build_llm(target, mtad_spec(
                    draft, gamma=args.gamma, speculation_policy="adaptive"), **common),
