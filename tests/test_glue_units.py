@@ -199,3 +199,24 @@ def test_scratch_rows_for_the_rounds_width_and_length():
     assert scratch_rows(scratch, 4, 4, 32) == 8
     assert scratch_rows(scratch, 2, 4, 32) == 24  # one tail per row instead of three
     assert scratch_rows(scratch, 1, 4, 32) == 8  # W = 1 needs no scratch
+
+
+def test_draft_kv_tracker_gaps_after_skipped_steps():
+    """Which tokens the draft must catch up on: none after one skipped step (the last first
+    pass wrote the token at the next start), the tokens of the skipped steps after more; a
+    request first seen (or seen going backwards: resumed after preemption) with tokens already
+    computed once any step skipped is caught up from 0; finished requests are forgotten."""
+    from vllm_mtad.speculation import DraftKVTracker
+
+    kv = DraftKVTracker()
+    assert kv.step(["a", "b"], [10, 0], drafting=True) == {}  # never skipped: vLLM's rule
+    assert kv.step(["a", "b"], [14, 5], drafting=False) == {}  # a skipped step: stale now
+    assert kv.step(["a", "b"], [15, 6], drafting=False) == {}
+    assert kv.step(["a", "b"], [16, 7], drafting=True) == {"a": (14, 16), "b": (5, 7)}
+    assert kv.step(["a", "b"], [20, 9], drafting=True) == {}  # current again
+    kv.step(["a"], [24], drafting=False)
+    # A new request with a prefix-cache hit, and "b" resumed after preemption at 3 < 9.
+    assert kv.step(["a", "b", "c"], [25, 3, 32], drafting=True) == {
+        "a": (24, 25), "b": (0, 3), "c": (0, 32)}
+    kv.prune({"a"})
+    assert set(kv.last_start) == {"a"} and kv.valid == {}

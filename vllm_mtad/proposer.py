@@ -146,15 +146,12 @@ class MTADProposer(DraftModelProposer):
         B = kwargs["common_attn_metadata"].batch_size()
         req_ids = list(ib.req_ids[:B])
         # Host-side, per round: the requests' settings (from vLLM's own host arrays).
-        _, exact_host, seed_list = spec.request_settings(req_ids, self.runner.requests)
-        greedy_host = (ib.temperature_cpu[:B] < GREEDY_TEMPERATURE).tolist()
-        classes = [("exact" if e else "joint") if g else "sampled"
-                   for g, e in zip(greedy_host, exact_host)]
-        plan = spec.plan(classes, int(kwargs["target_token_ids"].shape[0]))
+        rows = spec.rows(ib, req_ids, self.runner.requests)
+        exact_host, seed_list, greedy_host = rows.exact, rows.seeds, rows.greedy
+        plan = spec.plan(rows.classes, int(kwargs["target_token_ids"].shape[0]))
         gamma = min(plan.num_tokens, num_speculative_tokens)
         W = plan.beam_width
         gaps = spec.kv.step(req_ids, ib.num_computed_tokens_cpu[:B], drafting=gamma > 0)
-        spec.prune(self.runner.requests)
         if gamma == 0:  # this step drafts nothing: no draft forward (the KV catches up later)
             spec.drafting_done(B)
             return torch.empty(B, 0, dtype=torch.int64, device=self.device)

@@ -34,9 +34,9 @@ from vllm.v1.sample.rejection_sampler import RejectionSampler
 
 from vllm_mtad.config import MTADConfig
 from vllm_mtad.core import is_greedy, mtad_accept
-from vllm_mtad.core.processing import GREEDY_TEMPERATURE, Candidates, draft_candidates
+from vllm_mtad.core.processing import Candidates, draft_candidates
 from vllm_mtad.proposer import plan_for_batch
-from vllm_mtad.speculation import CLASS_INDEX, SpeculationController
+from vllm_mtad.speculation import SpeculationController
 
 
 class MTADRejectionSampler(RejectionSampler):
@@ -99,7 +99,8 @@ class MTADRejectionSampler(RejectionSampler):
         greedy = ~target.sampled
         drafts = target.drafts  # [B, γ], -1 past each request's own count
 
-        tau, exact, seeds = self.speculation.request_settings(req_ids, self.runner.requests)
+        rows = self.speculation.rows(ib, req_ids, self.runner.requests)
+        tau, exact, seeds = rows.tau, rows.exact, rows.seeds
         num_real = len(req_ids)
         if len(req_ids) < B:
             # Rows without a request: vLLM's warm-up (_dummy_sampler_run, profile_run) calls
@@ -119,12 +120,9 @@ class MTADRejectionSampler(RejectionSampler):
             num_drafts=target.counts, bonus_token_ids=bonus_token_ids[:, 0],
             any_sampled=not sampling_metadata.all_greedy)
         if num_real:  # acceptance statistics of the speculation policy (device-side counts)
-            greedy_host = (ib.temperature_cpu[:num_real] < GREEDY_TEMPERATURE).tolist()
-            classes = [CLASS_INDEX[("exact" if e else "joint") if g else "sampled"]
-                       for g, e in zip(greedy_host, exact)]
             widths = [self.speculation.widths.get(r, self.mtad.beam_width) for r in req_ids]
             accepted = (result.output_token_ids[:num_real] >= 0).sum(dim=1) - 1
-            self.speculation.record_acceptance(classes, widths, target.counts[:num_real],
+            self.speculation.record_acceptance(rows.classes, widths, target.counts[:num_real],
                                                accepted)
         return result.output_token_ids
 

@@ -24,11 +24,13 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 import torch
 
 from vllm_mtad.config import MTADConfig, request_settings
 from vllm_mtad.core import policy
+from vllm_mtad.core.processing import GREEDY_TEMPERATURE
 from vllm_mtad.log import get_logger
 
 logger = get_logger(__name__)
@@ -43,6 +45,17 @@ def request_seed(sampling_params, req_id: str) -> int:
     if seed is not None:
         return int(seed)
     return int.from_bytes(hashlib.blake2b(req_id.encode(), digest_size=8).digest(), "little") >> 1
+
+
+@dataclass
+class Rows:
+    """Per batch row, on the host."""
+
+    tau: list[float]
+    exact: list[bool]  # greedy acceptance "exact"
+    seeds: list[int]
+    greedy: list[bool]  # temperature 0
+    classes: list[str]  # policy.CLASSES: "sampled", "joint" or "exact"
 
 
 class StepClock:
@@ -143,9 +156,11 @@ class SpeculationController:
         self.forced: list[tuple[int, int]] | None = None
 
     # --- requests -------------------------------------------------------------------------
-    def request_settings(self, req_ids, requests) -> tuple[list[float], list[bool], list[int]]:
-        """τ, exact-greedy flag and noise seed of each request, resolved once per request. A
-        bad override was refused in the front end; here it falls back to the engine's."""
+    def rows(self, input_batch, req_ids, requests) -> "Rows":
+        """The batch rows' settings: τ, exact-greedy flag and noise seed of each request
+        (resolved once per request; a bad override was refused in the front end, here it falls
+        back to the engine's), whether it is greedy (vLLM's host temperatures) and its class
+        for the policy. Forgets finished requests once the store has grown."""
         tau, exact, seeds = [], [], []
         for req_id in req_ids:
             s = self._settings.get(req_id)
@@ -159,9 +174,13 @@ class SpeculationController:
             tau.append(s[0])
             exact.append(s[1])
             seeds.append(s[2])
-        return tau, exact, seeds
+        if len(self._settings) > 4 * max(len(req_ids), 16):
+            self._prune(requests)
+        greedy = (input_batch.temperature_cpu[:len(req_ids)] < GREEDY_TEMPERATURE).tolist()
+        classes = [("exact" if e else "joint") if g else "sampled" for g, e in zip(greedy, exact)]
+        return Rows(tau, exact, seeds, greedy, classes)
 
-    def prune(self, live) -> None:
+    def _prune(self, live) -> None:
         """Forget finished requests (``live``: the runner's requests)."""
         for d in (self._settings, self.widths):
             for r in [r for r in d if r not in live]:
@@ -211,11 +230,12 @@ class SpeculationController:
         self._pending = keep
 
     # --- acceptance -----------------------------------------------------------------------
-    def record_acceptance(self, classes: list[int], widths: list[int], drafted: torch.Tensor,
+    def record_acceptance(self, classes: list[str], widths: list[int], drafted: torch.Tensor,
                           accepted: torch.Tensor) -> None:
         """Count each row's verified draft (device tensors [B]: drafted and accepted lengths)."""
         G, W = self.cfg.num_speculative_tokens, self.cfg.beam_width
-        base = [(c * W + min(w, W) - 1) * (G + 1) * (G + 1) for c, w in zip(classes, widths)]
+        base = [(CLASS_INDEX[c] * W + min(w, W) - 1) * (G + 1) * (G + 1)
+                for c, w in zip(classes, widths)]
         idx = (torch.tensor(base, dtype=torch.int64).to(self.device, non_blocking=True)
                + drafted.clamp(0, G) * (G + 1) + accepted.clamp(0, G))
         self._hist.index_add_(0, idx, torch.ones_like(idx))
@@ -251,9 +271,10 @@ class SpeculationController:
             self.time_part(self.costs.verify, scheduled_tokens, self._step_start)
             self._step_start = None
         self.steps += 1
+        only_exact = all(c == "exact" for c in classes)  # they draft the argmax chain
         if self.forced:
             w, g = self.forced[(self.steps - 1) % len(self.forced)]
-            plan = policy.Plan(1 if all(c == "exact" for c in classes) else w, g)
+            plan = policy.Plan(1 if only_exact else w, g)
         elif self.adaptive:
             self._resolve()
             if self.steps % self.stats_period == 0:
@@ -263,7 +284,6 @@ class SpeculationController:
                                  first_pass_tokens_per_row=self._first_tokens_per_row)
             plan = policy.choose(batch, self.costs, self.stats, self.bounds, self.steps)
         else:
-            only_exact = all(c == "exact" for c in classes)
             plan = policy.Plan(1 if only_exact else self.cfg.beam_width,
                                self.cfg.num_speculative_tokens)
         if self.adaptive and not self.forced:
