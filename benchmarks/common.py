@@ -36,10 +36,11 @@ def environment() -> dict:
 
     import vllm_mtad
 
+    cpu = cpu_model_and_flags()
     return {"vllm": vllm.__version__, "vllm_mtad": vllm_mtad.__version__,
             "torch": torch.__version__, "python": platform.python_version(),
-            "machine": platform.machine(), "processor": platform.processor() or "unknown",
-            **cpu_model_and_flags(),
+            "machine": platform.machine(),
+            "processor": platform.processor() or cpu.get("cpu_model", "unknown"), **cpu,
             "cpus": os.cpu_count(), "gpu": torch.cuda.get_device_name(0)
             if torch.cuda.is_available() else None,
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}

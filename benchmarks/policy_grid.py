@@ -16,9 +16,11 @@ Cells: batch size x {T=1 (top-k 10, top-p 0.9), T=0 "joint", T=0 "exact"}. In ea
 configuration first runs once untimed on other prompts (warm-up: caches, and the policy's
 measurements at this load), then the configurations are run ``--repeats`` times in rotating
 order (interleaved); each run generates ``--tokens`` tokens (ignore_eos) for ``batch`` HumanEval
-prompts submitted at once. Reported per cell and configuration: median tokens/s, min and max,
+prompts submitted at once, repeated on further prompts until at least ``--min-prompts`` prompts
+have run (batch 1 would otherwise time one prompt: a handful of steps). Reported per cell and configuration: median tokens/s, min and max,
 mean acceptance length (vLLM's counters, bonus token included) and, for MTAD adaptive, the (W, γ)
-it chose during the timed runs. Output: policy_grid.json (machine, CPU model and flags, every
+it chose during the timed runs and what it believed at the end of the cell (its fitted cost lines
+and acceptance estimates, vllm_mtad.speculation.SpeculationController.snapshot). Output: policy_grid.json (machine, CPU model and flags, every
 run) and policy_grid.md, plus policy_grid.png (tokens/s against batch, one panel per
 temperature) in --out.
 """
@@ -56,6 +58,8 @@ def main(argv=None) -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--min-prompts", type=int, default=4,
+                    help="prompts per run at least (batches of --batches run one after another)")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--cells", nargs="+", default=[c[0] for c in CELLS],
                     choices=[c[0] for c in CELLS])
@@ -69,10 +73,14 @@ def main(argv=None) -> None:
 
     target, draft, tiny = resolve_pair(args)
     max_batch = max(args.batches)
-    prompts = humaneval_prompts(2 * max_batch)
+    per_run = max(max_batch, args.min_prompts)
+    prompts = humaneval_prompts(2 * per_run)
     common = dict(dtype="float32" if tiny else "bfloat16", max_model_len=2048,
                   max_num_seqs=max_batch, max_num_batched_tokens=4096, block_size=32,
-                  kv_cache_bytes=(256 << 20) if tiny else (640 << 20), disable_log_stats=False)
+                  kv_cache_bytes=(256 << 20) if tiny else (640 << 20), disable_log_stats=False,
+                  # Timed repeats reuse their prompts: with prefix caching a config's first
+                  # run would pay the prefill and later ones not (measured: 14.8 s vs 9.6 s).
+                  enable_prefix_caching=False)
     engines = {"target": build_llm(target, None, **common),
                "mtad": build_llm(target, mtad_spec(
                    draft, gamma=args.gamma, speculation_policy="adaptive"), **common),
@@ -109,7 +117,10 @@ def main(argv=None) -> None:
                           else {})
                 chosen0 = stats0.get("policy_chosen", {})
                 t0 = time.perf_counter()
-                outs = llm.generate(chunk, params, use_tqdm=False)
+                outs = []
+                for i in range(0, len(chunk), batch):  # at most ``batch`` requests at once
+                    outs += llm.generate(chunk[i:i + batch], params[i:i + batch],
+                                         use_tqdm=False)
                 seconds = time.perf_counter() - t0
                 after = spec_counters(llm)
                 tokens = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -128,8 +139,9 @@ def main(argv=None) -> None:
                         "acceptance": (1 + delta["accepted"] / delta["drafts"]
                                        if delta["drafts"] else None), "chosen": chosen}
 
-            warm = prompts[max_batch: max_batch + batch]
-            timed = prompts[:batch]
+            n = max(batch, args.min_prompts)
+            warm = prompts[per_run: per_run + n]
+            timed = prompts[:n]
             for config in configs:  # warm-up on other prompts, untimed
                 run(config, warm, 1000)
             results = {c: [] for c in configs}
@@ -140,6 +152,7 @@ def main(argv=None) -> None:
                     results[config].append(res)
                     runs.append({"cell": cell_name, "batch": batch, "config": config,
                                  "repeat": r} | res)
+            belief = llm_snapshot(engines["mtad"], drafter_stats)
             for config in configs:
                 rs = results[config]
                 tps = [x["tok_s"] for x in rs]
@@ -153,7 +166,8 @@ def main(argv=None) -> None:
                                   "max": max(tps),
                                   "acceptance": statistics.median(acc) if acc else None,
                                   "chosen": " ".join(f"{k}:{v}" for k, v in sorted(
-                                      chosen.items(), key=lambda kv: -kv[1])[:4])})
+                                      chosen.items(), key=lambda kv: -kv[1])[:4])}
+                                 | ({"policy": belief} if config == "mtad_adaptive" else {}))
     bar.close()
     for name in ("target", "vllm_sd", "mtad"):
         if engines[name] is not None:
@@ -169,6 +183,14 @@ def main(argv=None) -> None:
     _plot(cells_out, os.path.join(args.out, "policy_grid.png"))
     print(table)
     print(f"written to {out}", file=sys.stderr)
+
+
+def llm_snapshot(llm, drafter_stats) -> dict:
+    """The adaptive policy's state: fitted cost lines (intercept s, slope s per token or row),
+    acceptance estimates per class and W, steps explored and catch-up tokens."""
+    stats = llm.collective_rpc(drafter_stats)[0]
+    return {k: stats[k] for k in ("policy_costs", "policy_acceptance", "policy_explored",
+                                  "policy_catch_up_tokens", "policy_steps")}
 
 
 def _plot(cells, path) -> None:

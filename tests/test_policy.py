@@ -140,7 +140,50 @@ def test_exploration_cycles_other_arms_on_its_period():
                                                                        best.num_tokens)
         seen.add((plan.beam_width, plan.num_tokens))
     assert (1, 4) in seen and len(seen) >= 2
+    # The shortest draft allowed is explored too (here: no draft), so that the verify line is
+    # measured at the sizes the long drafts never reach.
+    assert (1, 0) in seen
     assert not choose(batch, c, stats, b, step=17, explore_period=16).explore
+
+
+@pytest.mark.parametrize("rows,min_tokens", [({"sampled": 16}, 0), ({"sampled": 16}, 2),
+                                             ({"exact": 16}, 0)])
+def test_exploration_reaches_the_shortest_allowed_draft(rows, min_tokens):
+    b = Bounds(beam_width=4, max_tokens=4, min_tokens=min_tokens)
+    stats = stats_with({1: 0.9, 4: 0.9}, cls=next(iter(rows)))
+    c = costs(beam=(0.01, 0.0))
+    assert choose(Batch(rows), c, stats, b, step=1).num_tokens == 4  # the best: full drafts
+    seen = {(p.beam_width, p.num_tokens) for p in
+            (choose(Batch(rows), c, stats, b, step=s, explore_period=16)
+             for s in range(16, 16 * 9, 16))}
+    assert min(g for _, g in seen) == min_tokens
+    if "exact" in rows:
+        assert {w for w, _ in seen} == {1}
+
+
+def test_a_step_is_priced_by_its_prefill_not_by_the_drafts_it_verifies():
+    # 16 rows verifying 4 drafts each (80 tokens in the target's input) and no prefill: the
+    # next step's arms verify 16·(1 + γ) tokens. The drafts verified now must not be counted
+    # again as "other" tokens (they were, and a step without drafting was priced as one
+    # verifying 80 tokens; measured on the real pair, T=0 exact, batch 13: 0.32 s predicted
+    # for γ=0 where the engine's own verify line gave 0.14 s).
+    batch = Batch.from_step(["exact"] * 16, scheduled_tokens=80, verified_drafts=64)
+    assert batch.size == 16 and batch.other_tokens == 0
+    c = costs()
+    assert c.step_time(batch, 1, 0) == pytest.approx(c.rest.predict(16) + c.verify.predict(16))
+    assert c.step_time(batch, 1, 4) > c.step_time(batch, 1, 0) + c.verify.predict(80) - \
+        c.verify.predict(16) - 1e-9
+    # A prefill chunk of 100 tokens beside them is verified by every arm alike.
+    mixed = Batch.from_step(["sampled"] * 3 + ["joint"], scheduled_tokens=4 + 12 + 100,
+                            verified_drafts=12)
+    assert mixed.rows == {"sampled": 3, "joint": 1} and mixed.other_tokens == 100
+    # Linear verification (a CPU at batch 16: 3.5 ms per verified token) and drafts of ~3
+    # accepted tokens: the fitted lines of that run make γ=0 and γ=4 nearly even, and without
+    # the double count the policy no longer sees γ=0 as 2.4x dearer than it is.
+    real = costs(verify=(0.0899, 0.00348), first=(0.0239, 0.00095), beam=(0.0309, 0.0011),
+                 rest=(0.00085, 0.00004))
+    skip = real.step_time(batch, 1, 0)
+    assert skip == pytest.approx(0.00085 + 0.00004 * 16 + 0.0899 + 0.00348 * 16, rel=1e-2)
 
 
 def test_bounds_are_checked():

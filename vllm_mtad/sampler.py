@@ -53,6 +53,7 @@ class MTADRejectionSampler(RejectionSampler):
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
         assert metadata.max_spec_len <= vllm_rs.MAX_SPEC_LEN
+        self.speculation.verifying(sum(metadata.num_draft_tokens))  # a host list
         if metadata.target_logits_indices.numel() == 0:
             # No request has drafts (e.g. an all-prefill step): sample as vLLM's
             # non-speculative path does. (Going on would hand vLLM's apply_top_k_only an empty

@@ -150,6 +150,7 @@ class SpeculationController:
         self._step_start = None
         self._last_end = None
         self._last_batch = 0
+        self._verified_drafts = 0  # draft tokens the current step's target input holds
         self._first_tokens_per_row = 1.0
         # A cycle of (W, γ) to use instead of the policy's choice: for tests and benchmarks that
         # need a known schedule (set with force_plans()).
@@ -192,6 +193,7 @@ class SpeculationController:
         """The runner began preparing a step's inputs."""
         if not self.adaptive:
             return
+        self._verified_drafts = 0
         now = self.clock.mark()
         if self._last_end is not None:
             self._pending.append((self.costs.rest, self._last_batch, self._last_end, now, 1))
@@ -228,6 +230,11 @@ class SpeculationController:
                     seconds < 5 * model.predict(size) + 1e-3):  # the engine idled in between
                 model.add(size, seconds)
         self._pending = keep
+
+    def verifying(self, num_draft_tokens: int) -> None:
+        """The sampler's report: this step's target input holds ``num_draft_tokens`` drafts
+        (vLLM's host count, SpecDecodeMetadata.num_draft_tokens summed)."""
+        self._verified_drafts = num_draft_tokens
 
     # --- acceptance -----------------------------------------------------------------------
     def record_acceptance(self, classes: list[str], widths: list[int], drafted: torch.Tensor,
@@ -279,9 +286,8 @@ class SpeculationController:
             self._resolve()
             if self.steps % self.stats_period == 0:
                 self._read_acceptance()
-            rows = Counter(classes)
-            batch = policy.Batch(dict(rows), other_tokens=max(0, scheduled_tokens - B),
-                                 first_pass_tokens_per_row=self._first_tokens_per_row)
+            batch = policy.Batch.from_step(classes, scheduled_tokens, self._verified_drafts,
+                                           self._first_tokens_per_row)
             plan = policy.choose(batch, self.costs, self.stats, self.bounds, self.steps)
         else:
             plan = policy.Plan(1 if only_exact else self.cfg.beam_width,

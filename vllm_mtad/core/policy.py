@@ -173,6 +173,19 @@ class Batch:
     def size(self) -> int:
         return sum(self.rows.values())
 
+    @classmethod
+    def from_step(cls, classes: list[str], scheduled_tokens: int, verified_drafts: int,
+                  first_pass_tokens_per_row: float = 1.0) -> "Batch":
+        """The batch of a step whose target input held ``scheduled_tokens`` tokens, of which
+        ``verified_drafts`` were the previous round's drafts: the rest beyond one token per
+        row are prefill chunks, which the next step's arms all verify alike. (The drafts being
+        verified now are not: the next step verifies the drafts this plan makes.)"""
+        rows = {}
+        for c in classes:
+            rows[c] = rows.get(c, 0) + 1
+        other = max(0, scheduled_tokens - len(classes) - verified_drafts)
+        return cls(rows, other_tokens=other, first_pass_tokens_per_row=first_pass_tokens_per_row)
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -232,7 +245,11 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
     Before ``costs`` has ``min_samples`` of each component: the configured (beam_width,
     max_tokens), so the first steps measure the fixed setting. Afterwards, at every
     ``explore_period``-th step an exploration arm (cycling through W = 1 and W = beam_width at
-    the full length, and half the length) unless it is the best arm already."""
+    the full length, half the length, and the shortest draft allowed — no draft at all where
+    ``bounds`` allow it) unless it is the best arm already. The shortest arm keeps the verify
+    line measured at the sizes the long drafts never reach: without it the line is fitted
+    from drafts of one length alone, its slope shrinks towards "free" and a step without
+    drafting looks as dear as one with a full draft."""
     only_exact = batch.rows.get("exact", 0) == batch.size
     full_width = 1 if only_exact else bounds.beam_width
     if batch.size == 0 or not costs.ready(min_samples, bounds.max_tokens):
@@ -245,11 +262,13 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
     w, g = best
     if explore_period > 0 and step % explore_period == 0:
         half = max(bounds.min_tokens, 1, (bounds.max_tokens + 1) // 2)
-        candidates = [(max(bounds.min_beam_width, 1), bounds.max_tokens),
-                      (full_width, bounds.max_tokens), (w, half)]
-        candidates = [c for c in dict.fromkeys(candidates) if c != (w, g) and c[1] > 0]
+        narrow = max(bounds.min_beam_width, 1)
+        shortest = (narrow if bounds.min_tokens == 0 else w, bounds.min_tokens)
+        candidates = [(narrow, bounds.max_tokens), (full_width, bounds.max_tokens), (w, half),
+                      shortest]
         if only_exact:
-            candidates = [(1, c[1]) for c in candidates if c[1] != g]
+            candidates = [(1, c[1]) for c in candidates]
+        candidates = [c for c in dict.fromkeys(candidates) if c != (w, g)]
         if candidates:
             ew, eg = candidates[(step // explore_period) % len(candidates)]
             return Plan(ew, eg, explore=True,
