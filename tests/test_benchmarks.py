@@ -147,7 +147,15 @@ def test_policy_grid_on_tiny_pair(tmp_path):
         assert c["min"] <= c["tok_s"] <= c["max"]
         if config.startswith("mtad") or config == "vllm_sd":
             assert 1 <= c["acceptance"] <= 5
-    assert all(r["tokens"] == 12 * r["batch"] for r in data["runs"])
+    # Each run times at least --min-prompts (4) prompts, ``batch`` at a time.
+    assert all(r["tokens"] == 12 * max(r["batch"], 4) for r in data["runs"])
+    # What the adaptive policy believed at the end of each cell: four fitted cost lines.
+    for (cell, batch, config), c in cells.items():
+        assert ("policy" in c) == (config == "mtad_adaptive")
+        if "policy" in c:
+            assert set(c["policy"]["policy_costs"]) == {"verify", "first_pass", "beam_step",
+                                                        "rest"}
+            assert c["policy"]["policy_steps"] > 0
     # The fixed configuration drafts (4, 4) every step; exact batches draft one beam.
     assert cells[("T=1", 2, "mtad_fixed")]["chosen"].startswith("W4_g4")
     assert cells[("T=0 exact", 2, "mtad_fixed")]["chosen"].startswith("W1_g4")

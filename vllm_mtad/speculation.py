@@ -273,7 +273,6 @@ class SpeculationController:
     # --- the decision ---------------------------------------------------------------------
     def plan(self, classes: list[str], scheduled_tokens: int) -> policy.Plan:
         """(W, γ) for this step's drafts; also closes the verify part of the step's timing."""
-        B = len(classes)
         if self._step_start is not None:
             self.time_part(self.costs.verify, scheduled_tokens, self._step_start)
             self._step_start = None
