@@ -209,14 +209,24 @@ def test_draft_kv_tracker_gaps_after_skipped_steps():
     from vllm_mtad.speculation import DraftKVTracker
 
     kv = DraftKVTracker()
-    assert kv.step(["a", "b"], [10, 0], drafting=True) == {}  # never skipped: vLLM's rule
-    assert kv.step(["a", "b"], [14, 5], drafting=False) == {}  # a skipped step: stale now
-    assert kv.step(["a", "b"], [15, 6], drafting=False) == {}
-    assert kv.step(["a", "b"], [16, 7], drafting=True) == {"a": (14, 16), "b": (5, 7)}
-    assert kv.step(["a", "b"], [20, 9], drafting=True) == {}  # current again
-    kv.step(["a"], [24], drafting=False)
+
+    def step(req_ids, starts, drafting):
+        # owed() says, without recording anything, what a drafting step would catch up on.
+        owed = kv.owed(req_ids, starts)
+        gaps = kv.step(req_ids, starts, drafting)
+        if drafting:
+            assert owed == {r: b - a for r, (a, b) in gaps.items()}
+        return gaps
+
+    assert step(["a", "b"], [10, 0], drafting=True) == {}  # never skipped: vLLM's rule
+    assert step(["a", "b"], [14, 5], drafting=False) == {}  # a skipped step: stale now
+    assert kv.owed(["a", "b"], [15, 6]) == {"a": 1, "b": 1}
+    assert step(["a", "b"], [15, 6], drafting=False) == {}
+    assert step(["a", "b"], [16, 7], drafting=True) == {"a": (14, 16), "b": (5, 7)}
+    assert step(["a", "b"], [20, 9], drafting=True) == {}  # current again
+    step(["a"], [24], drafting=False)
     # A new request with a prefix-cache hit, and "b" resumed after preemption at 3 < 9.
-    assert kv.step(["a", "b", "c"], [25, 3, 32], drafting=True) == {
+    assert step(["a", "b", "c"], [25, 3, 32], drafting=True) == {
         "a": (24, 25), "b": (0, 3), "c": (0, 32)}
     kv.prune({"a"})
     assert set(kv.last_start) == {"a"} and kv.valid == {}

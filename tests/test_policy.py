@@ -86,7 +86,7 @@ def test_no_history_drafts_the_configured_setting():
 def test_free_beam_rows_choose_full_width_costly_rows_choose_one():
     b = Bounds(beam_width=4, max_tokens=4)
     stats = stats_with({1: 0.75, 4: 0.85})
-    batch = Batch({"sampled": 16}, first_pass_tokens_per_row=4.0)
+    batch = Batch({"sampled": 16}, first_pass_tokens=64)
     free = choose(batch, costs(beam=(0.01, 0.0)), stats, b, step=1)
     assert free.beam_width == 4 and free.num_tokens == 4
     # Each beam row costs 1 ms: 16·4 rows per step cost 48 ms more than 16.
@@ -130,7 +130,7 @@ def test_exact_rows_count_with_one_beam():
 def test_exploration_cycles_other_arms_on_its_period():
     b = Bounds(beam_width=4, max_tokens=4)
     stats = stats_with({1: 0.75, 4: 0.85})
-    batch = Batch({"sampled": 16}, first_pass_tokens_per_row=4.0)
+    batch = Batch({"sampled": 16}, first_pass_tokens=64)
     c = costs(beam=(0.01, 0.0))
     best = choose(batch, c, stats, b, step=1, explore_period=16)
     seen = set()
@@ -207,3 +207,71 @@ def test_config_keys_validate():
         MTADConfig(num_speculative_tokens=4, min_beam_width=0)
     with pytest.raises(ValueError, match=r"'min_speculative_tokens' must be an integer in"):
         MTADConfig(num_speculative_tokens=4, min_speculative_tokens=5)
+
+
+def test_a_prefill_step_prices_the_drafts_first_pass_over_the_whole_prompt():
+    # The draft's first pass reads the target's whole input: at a step that prefills 16
+    # prompts of 150 tokens it reads 2400 tokens (measured on the real pair at batch 16: about
+    # 2.2 s of draft forward at 0.9 ms a token), not ~5 a row as in a decode step.
+    b = Bounds(beam_width=4, max_tokens=4)
+    stats = stats_with({1: 0.8, 4: 0.8}, cls="exact")
+    real = costs(verify=(0.068, 0.0034), first=(0.03, 0.0009), beam=(0.025, 0.0016),
+                 rest=(0.001, 0.0))
+    # 48 output tokens to go, as in benchmarks/policy_grid.py.
+    decode = Batch.from_step(["exact"] * 16, scheduled_tokens=80, verified_drafts=64,
+                             remaining_tokens=48)
+    prefill = Batch.from_step(["exact"] * 16, scheduled_tokens=2400, verified_drafts=0,
+                              remaining_tokens=48)
+    assert prefill.other_tokens == 2384 and prefill.first_pass_tokens == 2400
+    # The target's prefill is verified alike by every arm: not part of the comparison.
+    assert real.step_time(prefill, 1, 0) == pytest.approx(real.step_time(decode, 1, 0))
+    # Drafting owes the draft's first pass over the prompts, in full or spread.
+    t_decode = real.step_time(decode, 1, 4) - real.step_time(decode, 1, 0)
+    t_prefill = real.step_time(prefill, 1, 4) - real.step_time(prefill, 1, 0)
+    assert t_prefill - t_decode == pytest.approx(0.0009 * 2384 - 0.0009 * (80 - 16), rel=1e-2)
+    assert real.step_time(prefill, 1, 4, owed_share=0.1) < real.step_time(prefill, 1, 4)
+    assert choose(prefill, real, stats, b, step=1).num_tokens == 0
+    assert choose(decode, real, stats, b, step=1).num_tokens == 0  # not worth it here at all
+    # Batch 1, a 150-token prompt and 200 tokens to go: drafting from the prefill step on pays.
+    single = Batch.from_step(["exact"], scheduled_tokens=150, verified_drafts=0,
+                             remaining_tokens=200)
+    assert choose(single, real, stats, b, step=1).num_tokens == 4
+    # With one token to go, reading the prompt into the draft buys nothing.
+    last = Batch.from_step(["exact"], scheduled_tokens=150, verified_drafts=0,
+                           remaining_tokens=1)
+    assert choose(last, real, stats, b, step=1).num_tokens == 0
+
+
+def test_catch_up_is_charged_over_the_steps_it_buys():
+    # 16 rows that skipped drafting owe the draft 2400 tokens (their prompts). A catch-up buys
+    # drafting for the rest of those requests: worth it when they have long to run, not when
+    # they are about to finish.
+    b = Bounds(beam_width=4, max_tokens=4)
+    stats = stats_with({1: 0.95, 4: 0.95})
+    c = costs(verify=(0.1, 0.0005), first=(0.03, 0.0009), beam=(0.02, 0.0), rest=(0.001, 0.0))
+    long_run = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=2400,
+                               remaining_tokens=1000)
+    ending = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=2400, remaining_tokens=3)
+    assert choose(long_run, c, stats, b, step=1).num_tokens == 4
+    assert choose(ending, c, stats, b, step=1).num_tokens == 0
+    # Charged in full, the same catch-up makes drafting this step a loss.
+    full = policy.goodput(long_run, c, stats, 4, 4, amortise=False)
+    assert full < policy.goodput(long_run, c, stats, 1, 0) < policy.goodput(long_run, c, stats,
+                                                                             4, 4)
+
+
+def test_exploration_does_not_pay_a_catch_up_dearer_than_a_step():
+    # A batch that skips drafting (it does not pay here) owes the draft a whole prompt each:
+    # exploring a drafting arm would pay all of it in one step. Only non-drafting arms (none
+    # other here) or cheap catch-ups are explored.
+    b = Bounds(beam_width=4, max_tokens=4)
+    stats = stats_with({1: 0.3, 4: 0.3})
+    c = costs(verify=(0.05, 0.003), first=(0.03, 0.0009), beam=(0.03, 0.002))
+    owes = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=2400, remaining_tokens=40)
+    assert choose(owes, c, stats, b, step=1).num_tokens == 0
+    plans = [choose(owes, c, stats, b, step=s, explore_period=16) for s in range(16, 160, 16)]
+    assert all(p.num_tokens == 0 and not p.explore for p in plans)
+    # Owing a token a row, the drafting arms are explored again.
+    small = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=16, remaining_tokens=40)
+    plans = [choose(small, c, stats, b, step=s, explore_period=16) for s in range(16, 160, 16)]
+    assert any(p.explore and p.num_tokens > 0 for p in plans)

@@ -148,10 +148,12 @@ class MTADProposer(DraftModelProposer):
         # Host-side, per round: the requests' settings (from vLLM's own host arrays).
         rows = spec.rows(ib, req_ids, self.runner.requests)
         exact_host, seed_list, greedy_host = rows.exact, rows.seeds, rows.greedy
-        plan = spec.plan(rows.classes, int(kwargs["target_token_ids"].shape[0]))
+        starts = ib.num_computed_tokens_cpu[:B]
+        plan = spec.plan(rows.classes, int(kwargs["target_token_ids"].shape[0]), req_ids,
+                         starts, self.runner.requests)
         gamma = min(plan.num_tokens, num_speculative_tokens)
         W = plan.beam_width
-        gaps = spec.kv.step(req_ids, ib.num_computed_tokens_cpu[:B], drafting=gamma > 0)
+        gaps = spec.kv.step(req_ids, starts, drafting=gamma > 0)
         if gamma == 0:  # this step drafts nothing: no draft forward (the KV catches up later)
             spec.drafting_done(B)
             return torch.empty(B, 0, dtype=torch.int64, device=self.device)
@@ -192,7 +194,6 @@ class MTADProposer(DraftModelProposer):
         beams_started = time.perf_counter()
         self.stats["first_pass_s"] += beams_started - started
         first_tokens = int(cad.num_actual_tokens)
-        spec.first_pass_size(first_tokens, B)
         beam_mark = spec.mark()
 
         tokens, draft_logprobs, overflow = self._draft_round(ctx, logits, plan_k)

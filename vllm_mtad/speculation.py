@@ -99,24 +99,39 @@ class DraftKVTracker:
         self.last_start: dict[str, int] = {}
         self.skipped_any = False
 
+    def _valid(self, req_id: str, start: int) -> int | None:
+        """Where the request's draft KV stops being valid, None if it is current."""
+        last = self.last_start.get(req_id)
+        if (last is None or start < last) and start > 0 and self.skipped_any:
+            return 0  # unknown history: recompute the draft KV
+        return self.valid.get(req_id)
+
     def step(self, req_ids, starts, drafting: bool) -> dict[str, tuple[int, int]]:
         """Update for one step; returns {req_id: (valid, start)} to catch up (drafting only)."""
         gaps = {}
         for req_id, start in zip(req_ids, starts):
             start = int(start)
-            last = self.last_start.get(req_id)
-            if (last is None or start < last) and start > 0 and self.skipped_any:
-                self.valid[req_id] = 0  # unknown history: recompute the draft KV
+            valid = self._valid(req_id, start)
             self.last_start[req_id] = start
             if drafting:
-                valid = self.valid.pop(req_id, None)
+                self.valid.pop(req_id, None)
                 if valid is not None and valid < start:
                     gaps[req_id] = (valid, start)
-            elif req_id not in self.valid:
-                self.valid[req_id] = start
+            else:
+                self.valid[req_id] = start if valid is None else valid
         if not drafting:
             self.skipped_any = True
         return gaps
+
+    def owed(self, req_ids, starts) -> dict[str, int]:
+        """{req_id: tokens} the draft would catch up on if this step drafted (what
+        ``step(..., drafting=True)`` would return, without recording the step)."""
+        out = {}
+        for req_id, start in zip(req_ids, starts):
+            valid = self._valid(req_id, int(start))
+            if valid is not None and valid < int(start):
+                out[req_id] = int(start) - valid
+        return out
 
     def prune(self, live) -> None:
         for d in (self.valid, self.last_start):
@@ -151,7 +166,6 @@ class SpeculationController:
         self._last_end = None
         self._last_batch = 0
         self._verified_drafts = 0  # draft tokens the current step's target input holds
-        self._first_tokens_per_row = 1.0
         # A cycle of (W, γ) to use instead of the policy's choice: for tests and benchmarks that
         # need a known schedule (set with force_plans()).
         self.forced: list[tuple[int, int]] | None = None
@@ -271,8 +285,12 @@ class SpeculationController:
         return drafts, accepted
 
     # --- the decision ---------------------------------------------------------------------
-    def plan(self, classes: list[str], scheduled_tokens: int) -> policy.Plan:
-        """(W, γ) for this step's drafts; also closes the verify part of the step's timing."""
+    def plan(self, classes: list[str], scheduled_tokens: int, req_ids=(), starts=(),
+             requests=None) -> policy.Plan:
+        """(W, γ) for this step's drafts; also closes the verify part of the step's timing.
+        ``req_ids``, ``starts`` (their computed tokens) and ``requests`` (the runner's) say
+        what the draft owes from steps without drafting and how long the requests have left
+        to run, over which the policy spreads what the draft owes."""
         if self._step_start is not None:
             self.time_part(self.costs.verify, scheduled_tokens, self._step_start)
             self._step_start = None
@@ -285,8 +303,11 @@ class SpeculationController:
             self._resolve()
             if self.steps % self.stats_period == 0:
                 self._read_acceptance()
-            batch = policy.Batch.from_step(classes, scheduled_tokens, self._verified_drafts,
-                                           self._first_tokens_per_row)
+            owed = self.kv.owed(req_ids, starts) if self.kv.skipped_any else {}
+            left = [_tokens_left(requests[r]) for r in req_ids] if requests is not None else []
+            batch = policy.Batch.from_step(
+                classes, scheduled_tokens, self._verified_drafts, sum(owed.values()),
+                sum(left) / len(left) if left else 1.0)
             plan = policy.choose(batch, self.costs, self.stats, self.bounds, self.steps)
         else:
             plan = policy.Plan(1 if only_exact else self.cfg.beam_width,
@@ -300,10 +321,6 @@ class SpeculationController:
                         self.steps, dict(self.chosen.most_common(6)),
                         policy.summary(self.stats))
         return plan
-
-    def first_pass_size(self, tokens: int, rows: int) -> None:
-        if rows:
-            self._first_tokens_per_row = 0.9 * self._first_tokens_per_row + 0.1 * tokens / rows
 
     def snapshot(self) -> dict:
         """Counters for drafter_stats() and the benchmarks."""
@@ -320,6 +337,12 @@ class SpeculationController:
                 "policy_chosen": dict(self.chosen), "policy_explored": self.explored,
                 "policy_catch_up_tokens": self.catch_up_tokens,
                 "policy_costs": coeffs, "policy_acceptance": policy.summary(self.stats)}
+
+
+def _tokens_left(request) -> int:
+    """Output tokens a request may still generate (vLLM's CachedRequestState)."""
+    max_tokens = getattr(request.sampling_params, "max_tokens", None) or 0
+    return max(1, max_tokens - len(request.output_token_ids))
 
 
 def _same_on_every_rank(plan: policy.Plan) -> policy.Plan:

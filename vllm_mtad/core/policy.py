@@ -5,7 +5,10 @@ the expected time the step takes. For a batch of B requests drafting γ tokens w
 
     tokens(W, γ) = Σ_rows 1 + E[accepted | row's class, row's W, γ]
     time(W, γ)   = verify(n_verify) + [γ > 0]·(first_pass(n_first) + (γ − 1)·beam_step(B·W))
-    n_verify     = B·(1 + γ) + other scheduled tokens (prefill chunks)
+    n_verify     = B·(1 + γ)  (prefill chunks are verified alike by every arm: left out)
+    n_first      = the step's decode tokens, plus what the draft owes (the step's prefill
+                   chunks, tokens skipped in steps without drafting) spread over the steps
+                   the requests have left, which that reading buys drafting for
 
 ``verify``, ``first_pass`` and ``beam_step`` are linear cost models (:class:`LinearCost`,
 seconds as a function of tokens or rows) fitted online from this engine's own step timings;
@@ -162,12 +165,23 @@ class Bounds:
 
 @dataclass(frozen=True)
 class Batch:
-    """The batch a step drafts for: rows per class, and scheduled tokens that are not decode
-    tokens (prefill chunks), which every arm verifies alike."""
+    """The batch a step drafts for: rows per class, scheduled tokens that are not decode
+    tokens (prefill chunks), which every arm verifies alike, and what drafting would make the
+    draft read this step.
+
+    ``first_pass_tokens``: the tokens the draft's first pass reads if this step drafts (it
+    reads the target's whole input of the step: a prefill chunk in full), None for one per
+    row's verified tokens. ``catch_up_tokens``: tokens the draft skipped in earlier steps
+    without drafting, which it must read before it drafts (DraftKVTracker). Those and the
+    prefill chunks buy drafting for the rest of the requests, so a drafting arm is charged
+    their cost spread over the steps the requests have left (``remaining_tokens``: their mean
+    output tokens still to generate)."""
 
     rows: dict  # class name -> number of rows
     other_tokens: int = 0
-    first_pass_tokens_per_row: float = 1.0  # tokens the draft's first pass reads per row
+    first_pass_tokens: float | None = None
+    catch_up_tokens: float = 0.0
+    remaining_tokens: float = 1.0
 
     @property
     def size(self) -> int:
@@ -175,16 +189,18 @@ class Batch:
 
     @classmethod
     def from_step(cls, classes: list[str], scheduled_tokens: int, verified_drafts: int,
-                  first_pass_tokens_per_row: float = 1.0) -> "Batch":
+                  catch_up_tokens: float = 0.0, remaining_tokens: float = 1.0) -> "Batch":
         """The batch of a step whose target input held ``scheduled_tokens`` tokens, of which
         ``verified_drafts`` were the previous round's drafts: the rest beyond one token per
         row are prefill chunks, which the next step's arms all verify alike. (The drafts being
-        verified now are not: the next step verifies the drafts this plan makes.)"""
+        verified now are not: the next step verifies the drafts this plan makes.) The draft's
+        first pass, if this step drafts, reads all ``scheduled_tokens``."""
         rows = {}
         for c in classes:
             rows[c] = rows.get(c, 0) + 1
         other = max(0, scheduled_tokens - len(classes) - verified_drafts)
-        return cls(rows, other_tokens=other, first_pass_tokens_per_row=first_pass_tokens_per_row)
+        return cls(rows, other_tokens=other, first_pass_tokens=scheduled_tokens,
+                   catch_up_tokens=catch_up_tokens, remaining_tokens=remaining_tokens)
 
 
 @dataclass(frozen=True)
@@ -208,12 +224,26 @@ class CostModel:
         parts = [self.verify, self.first_pass] + ([self.beam_step] if max_tokens > 1 else [])
         return min(p.samples for p in parts) >= min_samples
 
-    def step_time(self, batch: Batch, width: int, num_tokens: int) -> float:
+    def owed_time(self, batch: Batch) -> float:
+        """Seconds the draft needs for tokens it has not read and must before it drafts: the
+        catch-up of steps without drafting, and this step's prefill chunks (a drafting step
+        reads them in its first pass; a step that does not draft leaves them owed)."""
+        return self.first_pass.coefficients()[1] * (batch.catch_up_tokens + batch.other_tokens)
+
+    def step_time(self, batch: Batch, width: int, num_tokens: int,
+                  owed_share: float = 1.0) -> float:
+        """Predicted seconds of the work in which the step with (W, γ) = (width, num_tokens)
+        differs from the others: the target's verification of the decode tokens (prefill
+        chunks, verified alike by every arm, are left out) and, if it drafts, the draft's
+        first pass and beam steps plus ``owed_share`` of :meth:`owed_time`."""
         B = batch.size
-        t = self.rest.predict(B) + self.verify.predict(B * (1 + num_tokens) + batch.other_tokens)
+        t = self.rest.predict(B) + self.verify.predict(B * (1 + num_tokens))
         if num_tokens > 0:
-            t += self.first_pass.predict(B * batch.first_pass_tokens_per_row)
+            first = batch.first_pass_tokens
+            first = B * (1 + num_tokens) if first is None else max(first - batch.other_tokens, B)
+            t += self.first_pass.predict(first)
             t += (num_tokens - 1) * self.beam_step.predict(B * width)
+            t += owed_share * self.owed_time(batch)
         return t
 
 
@@ -228,6 +258,19 @@ def expected_tokens(batch: Batch, stats: dict, width: int, num_tokens: int) -> f
             acc = stats[cls].expected_accepted(1 if cls == "exact" else width, num_tokens)
         total += n * (1.0 + acc)
     return total
+
+
+def goodput(batch: Batch, costs: CostModel, stats: dict, width: int, num_tokens: int,
+            amortise: bool = True) -> float:
+    """Expected tokens per second of the step (W, γ) = (width, num_tokens). What the draft owes
+    (CostModel.owed_time) buys drafting for the rest of those requests: it is charged over the
+    steps they have left at this arm's rate (``amortise``), or in full (what an exploration
+    step pays)."""
+    tokens = expected_tokens(batch, stats, width, num_tokens)
+    share = 1.0
+    if amortise:
+        share = 1.0 / max(1.0, batch.remaining_tokens / max(tokens / max(batch.size, 1), 1.0))
+    return tokens / max(costs.step_time(batch, width, num_tokens, share), 1e-9)
 
 
 def arms(bounds: Bounds, batch: Batch) -> list[tuple[int, int]]:
@@ -256,9 +299,9 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
         return Plan(full_width, bounds.max_tokens)
     best, best_goodput = None, -1.0
     for w, g in arms(bounds, batch):
-        goodput = expected_tokens(batch, stats, w, g) / max(costs.step_time(batch, w, g), 1e-9)
-        if goodput > best_goodput + 1e-12:
-            best, best_goodput = (w, g), goodput
+        value = goodput(batch, costs, stats, w, g)
+        if value > best_goodput + 1e-12:
+            best, best_goodput = (w, g), value
     w, g = best
     if explore_period > 0 and step % explore_period == 0:
         half = max(bounds.min_tokens, 1, (bounds.max_tokens + 1) // 2)
@@ -269,11 +312,16 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
         if only_exact:
             candidates = [(1, c[1]) for c in candidates]
         candidates = [c for c in dict.fromkeys(candidates) if c != (w, g)]
+        # An exploration step pays what the draft owes in full: not where that costs more
+        # than the drafting step itself (after a run without drafting the draft may owe every
+        # prompt of the batch; measuring one drafting step is not worth that).
+        owed = costs.owed_time(batch)
+        candidates = [c for c in candidates
+                      if c[1] == 0 or owed <= costs.step_time(batch, *c, owed_share=0.0)]
         if candidates:
             ew, eg = candidates[(step // explore_period) % len(candidates)]
             return Plan(ew, eg, explore=True,
-                        goodput=expected_tokens(batch, stats, ew, eg)
-                        / max(costs.step_time(batch, ew, eg), 1e-9))
+                        goodput=goodput(batch, costs, stats, ew, eg, amortise=False))
     return Plan(w, g, goodput=best_goodput)
 
 
@@ -293,4 +341,4 @@ def summary(stats: dict) -> dict:
 
 
 __all__ = ["CLASSES", "LinearCost", "AcceptanceStats", "Bounds", "Batch", "Plan", "CostModel",
-           "expected_tokens", "arms", "choose", "new_stats", "summary"]
+           "expected_tokens", "goodput", "arms", "choose", "new_stats", "summary"]
