@@ -170,8 +170,8 @@ class Batch:
     draft read this step.
 
     ``first_pass_tokens``: the tokens the draft's first pass reads if this step drafts (it
-    reads the target's whole input of the step: a prefill chunk in full), None for one per
-    row's verified tokens. ``catch_up_tokens``: tokens the draft skipped in earlier steps
+    reads the target's whole input of the step: a prefill chunk in full); None (synthetic
+    batches) stands for a decode step verifying the arm's own γ: B·(1 + γ). ``catch_up_tokens``: tokens the draft skipped in earlier steps
     without drafting, which it must read before it drafts (DraftKVTracker). Those and the
     prefill chunks buy drafting for the rest of the requests, so a drafting arm is charged
     their cost spread over the steps the requests have left (``remaining_tokens``: their mean
@@ -228,7 +228,9 @@ class CostModel:
         """Seconds the draft needs for tokens it has not read and must before it drafts: the
         catch-up of steps without drafting, and this step's prefill chunks (a drafting step
         reads them in its first pass; a step that does not draft leaves them owed)."""
-        return self.first_pass.coefficients()[1] * (batch.catch_up_tokens + batch.other_tokens)
+        intercept, slope = self.first_pass.coefficients()
+        catch_up_pass = intercept if batch.catch_up_tokens > 0 else 0.0  # a forward of its own
+        return catch_up_pass + slope * (batch.catch_up_tokens + batch.other_tokens)
 
     def step_time(self, batch: Batch, width: int, num_tokens: int,
                   owed_share: float = 1.0) -> float:
@@ -288,11 +290,9 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
     Before ``costs`` has ``min_samples`` of each component: the configured (beam_width,
     max_tokens), so the first steps measure the fixed setting. Afterwards, at every
     ``explore_period``-th step an exploration arm (cycling through W = 1 and W = beam_width at
-    the full length, half the length, and the shortest draft allowed — no draft at all where
-    ``bounds`` allow it) unless it is the best arm already. The shortest arm keeps the verify
-    line measured at the sizes the long drafts never reach: without it the line is fitted
-    from drafts of one length alone, its slope shrinks towards "free" and a step without
-    drafting looks as dear as one with a full draft."""
+    the full length, half the length, and the shortest draft of at least one token) unless it
+    is the best arm already. The shortest arm keeps the verify line measured at sizes the
+    long drafts never reach."""
     only_exact = batch.rows.get("exact", 0) == batch.size
     full_width = 1 if only_exact else bounds.beam_width
     if batch.size == 0 or not costs.ready(min_samples, bounds.max_tokens):
@@ -306,7 +306,10 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
     if explore_period > 0 and step % explore_period == 0:
         half = max(bounds.min_tokens, 1, (bounds.max_tokens + 1) // 2)
         narrow = max(bounds.min_beam_width, 1)
-        shortest = (narrow if bounds.min_tokens == 0 else w, bounds.min_tokens)
+        # The shortest draft, not "no draft": a step without drafting makes every later
+        # prefix-cache hit recompute its draft KV (DraftKVTracker), so only the policy's own
+        # choice skips drafting. One token still measures verification at 2B tokens.
+        shortest = (w, max(bounds.min_tokens, 1))
         candidates = [(narrow, bounds.max_tokens), (full_width, bounds.max_tokens), (w, half),
                       shortest]
         if only_exact:
