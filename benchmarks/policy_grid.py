@@ -17,12 +17,13 @@ configuration first runs once untimed on other prompts (warm-up: caches, and the
 measurements at this load), then the configurations are run ``--repeats`` times in rotating
 order (interleaved); each run generates ``--tokens`` tokens (ignore_eos) for ``batch`` HumanEval
 prompts submitted at once, repeated on further prompts until at least ``--min-prompts`` prompts
-have run (batch 1 would otherwise time one prompt: a handful of steps). Reported per cell and configuration: median tokens/s, min and max,
-mean acceptance length (vLLM's counters, bonus token included) and, for MTAD adaptive, the
-(W, γ) it chose during the timed runs and what it believed at the end of the cell (its fitted
-cost lines and acceptance estimates, SpeculationController.snapshot; the engine is shared by
-the cells, so its counters there add up from cell to cell). Output: policy_grid.json (machine, CPU model and flags, every
-run) and policy_grid.md, plus policy_grid.png (tokens/s against batch, one panel per
+have run (batch 1 would otherwise time one prompt: a handful of steps). Reported per cell and
+configuration: median tokens/s, min and max, mean acceptance length (vLLM's counters, bonus
+token included) and, for MTAD adaptive, the (W, γ) it chose during the timed runs and what it
+believed at the end of the cell (its fitted cost lines and acceptance estimates,
+SpeculationController.snapshot; the engine is shared by the cells, so its counters there add
+up from cell to cell). Output: policy_grid.json (machine, CPU model and flags, every run) and
+policy_grid.md, plus policy_grid.png (tokens/s against batch, one panel per
 temperature) in --out.
 """
 

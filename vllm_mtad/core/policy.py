@@ -171,8 +171,9 @@ class Batch:
 
     ``first_pass_tokens``: the tokens the draft's first pass reads if this step drafts (it
     reads the target's whole input of the step: a prefill chunk in full); None (synthetic
-    batches) stands for a decode step verifying the arm's own γ: B·(1 + γ). ``catch_up_tokens``: tokens the draft skipped in earlier steps
-    without drafting, which it must read before it drafts (DraftKVTracker). Those and the
+    batches) stands for a decode step verifying the arm's own γ: B·(1 + γ).
+    ``catch_up_tokens``: tokens the draft skipped in earlier steps without drafting, which it
+    must read before it drafts (DraftKVTracker). Those and the
     prefill chunks buy drafting for the rest of the requests, so a drafting arm is charged
     their cost spread over the steps the requests have left (``remaining_tokens``: their mean
     output tokens still to generate)."""
