@@ -320,8 +320,8 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
         # than the drafting step itself (after a run without drafting the draft may owe every
         # prompt of the batch; measuring one drafting step is not worth that).
         owed = costs.owed_time(batch)
-        candidates = [c for c in candidates
-                      if c[1] == 0 or owed <= costs.step_time(batch, *c, owed_share=0.0)]
+        candidates = [c for c in candidates  # every candidate drafts (γ >= 1)
+                      if owed <= costs.step_time(batch, *c, owed_share=0.0)]
         if candidates:
             ew, eg = candidates[(step // explore_period) % len(candidates)]
             return Plan(ew, eg, explore=True,
