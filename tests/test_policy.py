@@ -11,18 +11,30 @@ from vllm_mtad.core.policy import (AcceptanceStats, Batch, Bounds, CostModel, Li
 pytestmark = pytest.mark.core
 
 
-def fitted(intercept, slope, sizes, samples=40):
-    m = LinearCost()
+def fitted(intercept, slope, sizes, samples=40, prefill_slope=None):
+    """A line fitted on exact samples (seconds = a + b·size) over ``sizes``; with
+    ``prefill_slope``, a line of (decode, prefill) sizes, some steps with prefill chunks."""
+    if prefill_slope is None:
+        m = LinearCost()
+        for i in range(samples):
+            x = sizes[i % len(sizes)]
+            m.add(x, intercept + slope * x)
+        return m
+    m = LinearCost(dims=2)
+    chunks = [0, 0, 0, 150, 0, 2400, 0, 600, 0]
     for i in range(samples):
-        x = sizes[i % len(sizes)]
-        m.add(x, intercept + slope * x)
+        x, p = sizes[i % len(sizes)], chunks[i % len(chunks)]
+        m.add((x, p), intercept + slope * x + prefill_slope * p)
     return m
 
 
 def costs(verify=(0.05, 0.002), first=(0.01, 0.0005), beam=(0.01, 0.0), rest=(0.001, 0.0)):
-    """A cost model fitted on exact lines (seconds = a + b·size) over varied sizes."""
+    """A cost model fitted on exact lines (seconds = a + b·size) over varied sizes; the
+    target and the draft's first pass cost a prefill token what they cost a decode token
+    (unless a third coefficient says otherwise)."""
     sizes = [1, 4, 16, 48, 80]
-    return CostModel(verify=fitted(*verify, sizes), first_pass=fitted(*first, sizes),
+    return CostModel(verify=fitted(*verify[:2], sizes, prefill_slope=verify[-1]),
+                     first_pass=fitted(*first[:2], sizes, prefill_slope=first[-1]),
                      beam_step=fitted(*beam, sizes), rest=fitted(*rest, sizes))
 
 
@@ -280,3 +292,65 @@ def test_exploration_does_not_pay_a_catch_up_dearer_than_a_step():
     small = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=16, remaining_tokens=40)
     plans = [choose(small, c, stats, b, step=s, explore_period=16) for s in range(16, 160, 16)]
     assert any(p.explore and p.num_tokens > 0 for p in plans)
+
+
+def test_decode_and_prefill_tokens_are_priced_apart():
+    # Where a prefill token costs what a decode token costs (this project's 2-core CPU: on the
+    # real pair at batch 16 the target took ~4 ms a token either way) one line would do. Where
+    # it does not (a GPU: a small batch's decode tokens ride one memory-bound pass, a prompt's
+    # tokens are compute-bound; illustrative numbers, not measured here) one line fitted over
+    # decode and prefill steps prices the decode arms by the prefill steps' slope.
+    decode = lambda n: 0.008 + 0.00005 * n  # noqa: E731
+    steps = [((80, 0), decode(80))] * 12 + [((32, 0), decode(32))] * 3 + [
+        ((16, 2048), decode(16) + 0.00015 * 2048)]
+    one, two = LinearCost(), LinearCost(dims=2)
+    for _ in range(3):
+        for (d, p), sec in steps:
+            one.add(d + p, sec)
+            two.add((d, p), sec)
+    for n in (16, 80):
+        assert two.predict(n) == pytest.approx(decode(n), rel=0.02)
+    assert two.predict((16, 2048)) == pytest.approx(decode(16) + 0.00015 * 2048, rel=0.02)
+    # One line: verifying 80 decode tokens priced at more than 1.5x what it costs, so long
+    # drafts look dear, and the prefill step's slope (0.15 ms) read as the decode tokens'.
+    assert one.predict(80) - one.predict(16) > 1.5 * (decode(80) - decode(16))
+    a, slope_decode, slope_prefill = two.coefficients()
+    assert slope_decode == pytest.approx(0.00005, rel=0.05)
+    assert slope_prefill == pytest.approx(0.00015, rel=0.05)
+    # A slope that would come out negative is 0, the other refitted.
+    m = LinearCost(dims=2)
+    for i in range(30):
+        x, p = [8, 16, 32][i % 3], [0, 100][i % 2]
+        m.add((x, p), 0.05 + 0.001 * x - 0.00001 * p)
+    assert m.coefficients()[2] == 0.0 and m.coefficients()[1] == pytest.approx(0.001, rel=0.1)
+    with pytest.raises(ValueError, match="3 sizes"):
+        m.add((1, 2, 3), 0.1)
+
+
+def test_a_stalled_step_moves_the_line_a_little():
+    m = fitted(0.03, 0.0004, [16, 64])
+    before = m.predict(64)
+    m.add(64, m.clip(64, 5.0))  # another process took the cores for 5 s
+    assert m.predict(64) < 1.1 * before
+    # Beyond the sizes seen the prediction is an extrapolation: not clipped.
+    assert m.clip(640, 5.0) == 5.0
+    # A lasting change still moves the line.
+    for _ in range(200):
+        m.add(64, m.clip(64, 3 * before))
+    assert m.predict(64) == pytest.approx(3 * before, rel=0.05)
+
+
+def test_rows_about_to_finish_gain_at_most_their_tokens_left():
+    stats = stats_with({1: 0.9, 4: 0.9})
+    full = Batch.from_step(["sampled"] * 2, 2, 0, tokens_left=[100, 100], horizon=4)
+    ending = Batch.from_step(["sampled"] * 2, 2, 0, tokens_left=[100, 2], horizon=4)
+    assert ending.short == ((("sampled", 2), 1),) and ending.remaining_tokens == 51
+    row = expected_tokens(Batch({"sampled": 1}), stats, 4, 4)
+    assert expected_tokens(full, stats, 4, 4) == pytest.approx(2 * row)
+    # The ending row takes its token and at most one draft token.
+    one = expected_tokens(Batch({"sampled": 1}), stats, 4, 1)
+    assert expected_tokens(ending, stats, 4, 4) == pytest.approx(row + one)
+    # Every row on its last token: drafting buys nothing.
+    last = Batch.from_step(["sampled"] * 4, 4, 0, tokens_left=[1] * 4, horizon=4)
+    assert expected_tokens(last, stats, 4, 4) == 4.0
+    assert choose(last, costs(), stats, Bounds(4, 4), step=1).num_tokens == 0

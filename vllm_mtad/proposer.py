@@ -207,11 +207,13 @@ class MTADProposer(DraftModelProposer):
             tokens, draft_logprobs, _ = self._draft_round(
                 ctx, logits, replace(plan_k, num_candidates=None))
             beam_mark = mark = None  # two rounds: not a representative timing
+        # The first pass read the step's decode tokens and its prefill chunks.
+        first_size = (max(first_tokens - spec.prefill_tokens, 0), spec.prefill_tokens)
         if gamma > 1:
-            spec.time_part(spec.costs.first_pass, first_tokens, mark, beam_mark)
+            spec.time_part(spec.costs.first_pass, first_size, mark, beam_mark)
             spec.time_part(spec.costs.beam_step, B * W, beam_mark, count=gamma - 1)
         else:
-            spec.time_part(spec.costs.first_pass, first_tokens, mark)
+            spec.time_part(spec.costs.first_pass, first_size, mark)
         for req_id, e in zip(req_ids, exact_host):
             spec.widths[req_id] = 1 if e else W
 
@@ -277,7 +279,8 @@ class MTADProposer(DraftModelProposer):
                                  slot_mapping={name: slots
                                                for name in self._draft_attn_layer_names}):
             self.model(input_ids=input_ids, positions=positions, inputs_embeds=None)
-        self.speculation.time_part(self.speculation.costs.first_pass, n, mark)
+        # Multi-token queries, as a prefill chunk's: priced per prefill token.
+        self.speculation.time_part(self.speculation.costs.first_pass, (0, n), mark)
 
     def _draft_round(self, ctx: "_Round", first_logits: torch.Tensor, plan: CandidatePlan):
         """Beam drafting from the first pass's logits: γ steps, steps 2..γ as B·W rows of one

@@ -166,6 +166,7 @@ class SpeculationController:
         self._last_end = None
         self._last_batch = 0
         self._verified_drafts = 0  # draft tokens the current step's target input holds
+        self.prefill_tokens = 0  # prefill tokens in the current step's target input
         # A cycle of (W, γ) to use instead of the policy's choice: for tests and benchmarks that
         # need a known schedule (set with force_plans()).
         self.forced: list[tuple[int, int]] | None = None
@@ -217,9 +218,10 @@ class SpeculationController:
     def mark(self):
         return self.clock.mark() if self.adaptive else None
 
-    def time_part(self, model: policy.LinearCost, size: float, start, end=None,
+    def time_part(self, model: policy.LinearCost, size, start, end=None,
                   count: int = 1) -> None:
-        """One sample of ``model`` (``count`` equal parts between the marks: seconds/count)."""
+        """One sample of ``model`` at ``size`` (a number, or a tuple for a line of several
+        sizes; ``count`` equal parts between the marks: seconds/count)."""
         if start is None:  # not timing (fixed policy)
             return
         end = end if end is not None else self.clock.mark()
@@ -240,9 +242,10 @@ class SpeculationController:
                 keep.append(item)
                 continue
             seconds /= count
-            if model is not self.costs.rest or model.samples < 8 or (
-                    seconds < 5 * model.predict(size) + 1e-3):  # the engine idled in between
-                model.add(size, seconds)
+            if model is self.costs.rest and model.samples >= 8 and (
+                    seconds > 5 * model.predict(size) + 1e-3):  # the engine idled in between
+                continue
+            model.add(size, model.clip(size, seconds))
         self._pending = keep
 
     def verifying(self, num_draft_tokens: int) -> None:
@@ -291,8 +294,11 @@ class SpeculationController:
         ``req_ids``, ``starts`` (their computed tokens) and ``requests`` (the runner's) say
         what the draft owes from steps without drafting and how long the requests have left
         to run, over which the policy spreads what the draft owes."""
+        prefill = policy.prefill_tokens(len(classes), scheduled_tokens, self._verified_drafts)
+        self.prefill_tokens = prefill  # the proposer's first-pass sample splits on it
         if self._step_start is not None:
-            self.time_part(self.costs.verify, scheduled_tokens, self._step_start)
+            self.time_part(self.costs.verify, (scheduled_tokens - prefill, prefill),
+                           self._step_start)
             self._step_start = None
         self.steps += 1
         only_exact = all(c == "exact" for c in classes)  # they draft the argmax chain
@@ -307,7 +313,7 @@ class SpeculationController:
             left = [_tokens_left(requests[r]) for r in req_ids] if requests is not None else []
             batch = policy.Batch.from_step(
                 classes, scheduled_tokens, self._verified_drafts, sum(owed.values()),
-                sum(left) / len(left) if left else 1.0)
+                tokens_left=left, horizon=self.bounds.max_tokens)
             plan = policy.choose(batch, self.costs, self.stats, self.bounds, self.steps)
         else:
             plan = policy.Plan(1 if only_exact else self.cfg.beam_width,

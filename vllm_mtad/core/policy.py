@@ -3,15 +3,18 @@
 Goodput (SmartSpec, arXiv 2406.14066) is the expected number of tokens a step produces over
 the expected time the step takes. For a batch of B requests drafting γ tokens with W beams:
 
-    tokens(W, γ) = Σ_rows 1 + E[accepted | row's class, row's W, γ]
-    time(W, γ)   = verify(n_verify) + [γ > 0]·(first_pass(n_first) + (γ − 1)·beam_step(B·W))
+    tokens(W, γ) = Σ_rows 1 + E[accepted | row's class, row's W, min(γ, row's tokens left − 1)]
+    time(W, γ)   = verify(n_verify) + [γ > 0]·(first_pass(n_first) + (γ − 1)·beam_step(B·W)
+                   + owed / steps left)
     n_verify     = B·(1 + γ)  (prefill chunks are verified alike by every arm: left out)
-    n_first      = the step's decode tokens, plus what the draft owes (the step's prefill
-                   chunks, tokens skipped in steps without drafting) spread over the steps
-                   the requests have left, which that reading buys drafting for
+    n_first      = the step's decode tokens
+    owed         = the draft's reading of what it has not read (the step's prefill chunks,
+                   tokens skipped in steps without drafting), spread over the steps the
+                   requests have left, which that reading buys drafting for
 
 ``verify``, ``first_pass`` and ``beam_step`` are linear cost models (:class:`LinearCost`,
-seconds as a function of tokens or rows) fitted online from this engine's own step timings;
+seconds as a function of tokens or rows; the target's and the first pass's with separate
+slopes for decode and prefill tokens) fitted online from this engine's own step timings;
 E[accepted] comes from acceptance counts kept per request class and W
 (:class:`AcceptanceStats`): E[accepted | W, γ] = Σ_{i ≤ γ} P(accepted ≥ i | W), estimated from
 every verified draft of length ≥ i. γ = 0 means the step drafts nothing: no draft forward at
@@ -40,48 +43,122 @@ CLASSES = ("sampled", "joint", "exact")
 
 @dataclass
 class LinearCost:
-    """seconds ≈ intercept + slope · size, by weighted least squares with exponential
+    """seconds ≈ intercept + Σ_j slope_j · size_j, by weighted least squares with exponential
     forgetting (each new sample multiplies the old weights by ``decay``).
 
-    With too little spread in the sizes seen the slope is not identified; it is then shrunk
-    towards 0 (``ridge``, relative to the squared mean size), so that an unmeasured slope reads
-    as "size is free" until the sizes vary. Intercept and slope are clamped at 0 (time does not
-    fall with size)."""
+    ``dims`` sizes per sample: 1 (draft rows), or 2 for the forwards whose input mixes decode
+    tokens (a few per request, each reading a long context) and prefill tokens (a prompt's
+    chunk; also the draft's catch-up), which cost differently a token. On one line the
+    prefill steps set the intercept: on the real pair at batch 16 a step without drafting was
+    priced 0.20 s where the engine took 0.17 s. A scalar size is (size, 0, ...).
+
+    With too little spread in a size the slope is not identified; it is then shrunk towards 0
+    (``ridge``, relative to the squared mean size), so that an unmeasured slope reads as "size
+    is free" until the sizes vary. Intercept and slopes are kept >= 0 (time does not fall with
+    size)."""
 
     decay: float = 0.98
     ridge: float = 1e-3
+    dims: int = 1
     _w: float = 0.0
-    _x: float = 0.0
     _y: float = 0.0
-    _xx: float = 0.0
-    _xy: float = 0.0
+    _x: list = field(default_factory=list)
+    _xx: list = field(default_factory=list)
+    _xy: list = field(default_factory=list)
     samples: int = 0
+    # Largest size seen per dimension: within it a prediction interpolates (see clip()).
+    _seen: list = field(default_factory=list)
 
-    def add(self, size: float, seconds: float) -> None:
-        d = self.decay
+    def __post_init__(self) -> None:
+        d = self.dims
+        self._x = self._x or [0.0] * d
+        self._xy = self._xy or [0.0] * d
+        self._xx = self._xx or [[0.0] * d for _ in range(d)]
+        self._seen = self._seen or [0.0] * d
+
+    def _vec(self, size) -> list:
+        x = [float(v) for v in size] if isinstance(size, (tuple, list)) else [float(size)]
+        if len(x) > self.dims:
+            raise ValueError(f"{len(x)} sizes for a {self.dims}-size cost line")
+        return x + [0.0] * (self.dims - len(x))
+
+    def add(self, size, seconds: float) -> None:
+        x, d = self._vec(size), self.decay
         self._w = d * self._w + 1.0
-        self._x = d * self._x + size
         self._y = d * self._y + seconds
-        self._xx = d * self._xx + size * size
-        self._xy = d * self._xy + size * seconds
+        for i in range(self.dims):
+            self._x[i] = d * self._x[i] + x[i]
+            self._xy[i] = d * self._xy[i] + x[i] * seconds
+            for j in range(self.dims):
+                self._xx[i][j] = d * self._xx[i][j] + x[i] * x[j]
+            self._seen[i] = max(self._seen[i], x[i])
         self.samples += 1
 
-    def coefficients(self) -> tuple[float, float]:
-        """(intercept, slope); (0, 0) before any sample."""
+    def coefficients(self) -> tuple:
+        """(intercept, slope_1, ..., slope_dims); zeros before any sample."""
+        n = self.dims
         if self._w == 0.0:
-            return 0.0, 0.0
-        mx, my = self._x / self._w, self._y / self._w
-        var = self._xx / self._w - mx * mx
-        cov = self._xy / self._w - mx * my
-        slope = max(0.0, cov / (max(var, 0.0) + self.ridge * max(mx * mx, 1.0)))
-        intercept = my - slope * mx
-        if intercept < 0.0:  # keep the line through the data's mean, never below zero at 0
-            intercept, slope = 0.0, my / mx if mx > 0 else 0.0
-        return intercept, slope
+            return (0.0,) * (n + 1)
+        w = self._w
+        mx = [v / w for v in self._x]
+        my = self._y / w
+        cov = [[self._xx[i][j] / w - mx[i] * mx[j] for j in range(n)] for i in range(n)]
+        cxy = [self._xy[i] / w - mx[i] * my for i in range(n)]
+        ridge = [self.ridge * max(m * m, 1.0) for m in mx]
+        slopes = _nonnegative_solve(cov, cxy, ridge)
+        intercept = my - sum(s * m for s, m in zip(slopes, mx))
+        if intercept < 0.0:  # through the origin instead: never below zero at size 0
+            raw = [[v / w for v in row] for row in self._xx]
+            slopes = _nonnegative_solve(raw, [v / w for v in self._xy], ridge)
+            intercept = 0.0
+        return (intercept, *slopes)
 
-    def predict(self, size: float) -> float:
-        a, b = self.coefficients()
-        return a + b * size
+    def predict(self, size) -> float:
+        a, *slopes = self.coefficients()
+        return a + sum(s * x for s, x in zip(slopes, self._vec(size)))
+
+    def clip(self, size, seconds: float, factor: float = 2.0) -> float:
+        """``seconds``, at most ``factor`` x the prediction once the line is known at
+        ``size`` (8 samples, and no size beyond those seen): one stalled step (another
+        process, a collection) then moves the line a little instead of doubling it (measured:
+        two 5 s steps among 0.65 s ones raised the next predictions by a third), while a
+        lasting change still moves it, sample by sample."""
+        if self.samples < 8 or any(x > s for x, s in zip(self._vec(size), self._seen)):
+            return seconds
+        return min(seconds, factor * self.predict(size) + 1e-3)
+
+
+def _nonnegative_solve(a: list, b: list, ridge: list) -> list:
+    """x >= 0 minimising the ridge-regularised least squares with normal equations
+    (a + diag(ridge)) x = b, by dropping negative coordinates one at a time (an active set;
+    enough for the one or two sizes here)."""
+    free = list(range(len(b)))
+    x = [0.0] * len(b)
+    while free:
+        sub = [[a[i][j] + (ridge[i] if i == j else 0.0) for j in free] for i in free]
+        sol = _solve(sub, [b[i] for i in free])
+        if all(v >= 0.0 for v in sol):
+            for i, v in zip(free, sol):
+                x[i] = v
+            return x
+        free = [i for i, v in zip(free, sol) if v >= 0.0] if any(v >= 0 for v in sol) else []
+    return x
+
+
+def _solve(a: list, b: list) -> list:
+    """Gaussian elimination with partial pivoting (tiny, well-conditioned systems)."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(m[r][c]))
+        m[c], m[p] = m[p], m[c]
+        if abs(m[c][c]) < 1e-300:
+            return [0.0] * n
+        for r in range(n):
+            if r != c:
+                f = m[r][c] / m[c][c]
+                m[r] = [u - f * v for u, v in zip(m[r], m[c])]
+    return [m[i][n] / m[i][i] for i in range(n)]
 
 
 @dataclass
@@ -176,13 +253,17 @@ class Batch:
     must read before it drafts (DraftKVTracker). Those and the
     prefill chunks buy drafting for the rest of the requests, so a drafting arm is charged
     their cost spread over the steps the requests have left (``remaining_tokens``: their mean
-    output tokens still to generate)."""
+    output tokens still to generate).
+    ``short``: rows about to finish, ((class, tokens left), count) pairs: a row with L tokens
+    left gains at most L − 1 from a draft (its max_tokens cuts the rest), so its expected
+    tokens count drafts of at most L − 1."""
 
     rows: dict  # class name -> number of rows
     other_tokens: int = 0
     first_pass_tokens: float | None = None
     catch_up_tokens: float = 0.0
     remaining_tokens: float = 1.0
+    short: tuple = ()
 
     @property
     def size(self) -> int:
@@ -190,18 +271,35 @@ class Batch:
 
     @classmethod
     def from_step(cls, classes: list[str], scheduled_tokens: int, verified_drafts: int,
-                  catch_up_tokens: float = 0.0, remaining_tokens: float = 1.0) -> "Batch":
+                  catch_up_tokens: float = 0.0, remaining_tokens: float = 1.0,
+                  tokens_left: list | None = None, horizon: int = 0) -> "Batch":
         """The batch of a step whose target input held ``scheduled_tokens`` tokens, of which
         ``verified_drafts`` were the previous round's drafts: the rest beyond one token per
         row are prefill chunks, which the next step's arms all verify alike. (The drafts being
         verified now are not: the next step verifies the drafts this plan makes.) The draft's
-        first pass, if this step drafts, reads all ``scheduled_tokens``."""
+        first pass, if this step drafts, reads all ``scheduled_tokens``. ``tokens_left``
+        (per row, as ``classes``): output tokens each request may still generate; their mean
+        replaces ``remaining_tokens``, and rows with at most ``horizon`` (the longest draft)
+        left are ``short``."""
         rows = {}
         for c in classes:
             rows[c] = rows.get(c, 0) + 1
-        other = max(0, scheduled_tokens - len(classes) - verified_drafts)
+        short = {}
+        if tokens_left:
+            remaining_tokens = sum(tokens_left) / len(tokens_left)
+            for c, left in zip(classes, tokens_left):
+                if left <= horizon:
+                    short[(c, int(left))] = short.get((c, int(left)), 0) + 1
+        other = prefill_tokens(len(classes), scheduled_tokens, verified_drafts)
         return cls(rows, other_tokens=other, first_pass_tokens=scheduled_tokens,
-                   catch_up_tokens=catch_up_tokens, remaining_tokens=remaining_tokens)
+                   catch_up_tokens=catch_up_tokens, remaining_tokens=remaining_tokens,
+                   short=tuple(sorted(short.items())))
+
+
+def prefill_tokens(rows: int, scheduled_tokens: int, verified_drafts: int) -> int:
+    """Tokens of a step's target input that are prefill chunks: beyond one token a row and
+    the drafts it verifies."""
+    return max(0, scheduled_tokens - rows - verified_drafts)
 
 
 @dataclass(frozen=True)
@@ -214,10 +312,12 @@ class Plan:
 
 @dataclass
 class CostModel:
-    """The three step components the arms differ in (seconds)."""
+    """The step components the arms differ in (seconds). The target's verification and the
+    draft's first pass are priced by (decode tokens, prefill tokens): what one prefill token
+    costs is what the draft owes a token."""
 
-    verify: LinearCost = field(default_factory=LinearCost)  # by tokens the target verifies
-    first_pass: LinearCost = field(default_factory=LinearCost)  # by tokens of the first pass
+    verify: LinearCost = field(default_factory=lambda: LinearCost(dims=2))
+    first_pass: LinearCost = field(default_factory=lambda: LinearCost(dims=2))
     beam_step: LinearCost = field(default_factory=LinearCost)  # by draft rows (B·W)
     rest: LinearCost = field(default_factory=LinearCost)  # bookkeeping, scheduling: by rows
 
@@ -229,9 +329,9 @@ class CostModel:
         """Seconds the draft needs for tokens it has not read and must before it drafts: the
         catch-up of steps without drafting, and this step's prefill chunks (a drafting step
         reads them in its first pass; a step that does not draft leaves them owed)."""
-        intercept, slope = self.first_pass.coefficients()
+        intercept, _, per_token = self.first_pass.coefficients()
         catch_up_pass = intercept if batch.catch_up_tokens > 0 else 0.0  # a forward of its own
-        return catch_up_pass + slope * (batch.catch_up_tokens + batch.other_tokens)
+        return catch_up_pass + per_token * (batch.catch_up_tokens + batch.other_tokens)
 
     def step_time(self, batch: Batch, width: int, num_tokens: int,
                   owed_share: float = 1.0) -> float:
@@ -251,16 +351,24 @@ class CostModel:
 
 
 def expected_tokens(batch: Batch, stats: dict, width: int, num_tokens: int) -> float:
-    """Σ over rows of 1 + E[accepted]; exact rows draft with one beam."""
+    """Σ over rows of 1 + E[accepted]; exact rows draft with one beam; a short row's draft
+    counts up to its tokens left − 1."""
     total = 0.0
+    short = {}
+    for (cls, left), n in batch.short:
+        short[cls] = short.get(cls, 0) + n
+        total += n * _row_tokens(stats, cls, width, min(num_tokens, max(left - 1, 0)))
     for cls, n in batch.rows.items():
-        if n == 0:
-            continue
-        acc = 0.0
-        if num_tokens > 0:
-            acc = stats[cls].expected_accepted(1 if cls == "exact" else width, num_tokens)
-        total += n * (1.0 + acc)
+        n -= short.get(cls, 0)
+        if n > 0:
+            total += n * _row_tokens(stats, cls, width, num_tokens)
     return total
+
+
+def _row_tokens(stats: dict, cls: str, width: int, num_tokens: int) -> float:
+    if num_tokens <= 0:
+        return 1.0
+    return 1.0 + stats[cls].expected_accepted(1 if cls == "exact" else width, num_tokens)
 
 
 def goodput(batch: Batch, costs: CostModel, stats: dict, width: int, num_tokens: int,
@@ -345,4 +453,4 @@ def summary(stats: dict) -> dict:
 
 
 __all__ = ["CLASSES", "LinearCost", "AcceptanceStats", "Bounds", "Batch", "Plan", "CostModel",
-           "expected_tokens", "goodput", "arms", "choose", "new_stats", "summary"]
+           "prefill_tokens", "expected_tokens", "goodput", "arms", "choose", "new_stats", "summary"]
