@@ -285,7 +285,7 @@ def _installed_pins() -> tuple[str, dict]:
     return newest, PINS[newest]
 
 
-def check_pin(module, qualname, glue, signature, source_hash, version="0.32.0"):
+def check_pin(module, qualname, glue, signature, source_hash, version):
     func = _resolve(module, qualname)
     got = pin_check.render_signature(_definition(func).node)
     assert got == signature, (f"vLLM internal {module}.{qualname} changed its signature to "
@@ -421,4 +421,5 @@ def test_a_changed_internal_fails_with_the_file_to_recheck():
     """The pin can fail: a signature that differs is reported with the glue file."""
     with pytest.raises(AssertionError, match="re-check vllm_mtad/proposer.py"):
         check_pin("vllm.v1.spec_decode.draft_model", "DraftModelProposer.__init__",
-                  "vllm_mtad/proposer.py", "(self, vllm_config, device)", None)
+                  "vllm_mtad/proposer.py", "(self, vllm_config, device)", None,
+                  version="a made-up version")
