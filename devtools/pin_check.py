@@ -1,4 +1,4 @@
-"""Check the vLLM internals pin (tests/test_vllm_pins.py) against a vLLM wheel that is not
+"""Check the vLLM internals pin (devtools/vllm_pins.py) against a vLLM wheel that is not
 installed, from its Python sources alone.
 
     python -m devtools.pin_check 0.33.0                 # vllm==0.33.0 against the 0.32.0 pins
@@ -11,7 +11,8 @@ Nothing is imported from the wheel (it needs its compiled extension and would cl
 installed vLLM): each pinned function is found by parsing its module file and following
 ``from ... import`` re-exports and base classes, as Python's attribute lookup would.
 
-Each pin is checked in one canonical form, the one tests/test_vllm_pins.py checks too:
+Each pin is checked in one canonical form, the one tests/test_vllm_pins.py checks on the
+installed vLLM too:
 
 - **signature**: the parameters and return annotation *as written in the source*
   (``ast.unparse`` of each annotation and default, laid out as ``inspect.Signature`` lays them
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from devtools import vllm_pins as pins
 from vllm_mtad import envs
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
@@ -378,7 +380,6 @@ def unresolved_imports(root: Path, repo: Path) -> list[str]:
 
 def check(root: Path, version: str, against: str | None,
           reference_root: Path | None = None) -> int:
-    from tests import test_vllm_pins as pins
 
     recorded = pins.PINS.get(version)
     reference = pins.PINS.get(against) if against else None
@@ -425,7 +426,7 @@ def check(root: Path, version: str, against: str | None,
           f"{len(imports)} vLLM imports in vllm_mtad/ and patches/")
     if recorded is None:
         print(f"\nNo pins recorded for {version}. Computed (to record in "
-              "tests/test_vllm_pins.py):")
+              "devtools/vllm_pins.py):")
         for (module, qualname, _), got in to_record:
             print(f"  {module}.{qualname}\n    {got.signature!r}, {got.source_hash!r}")
     if against:
@@ -467,7 +468,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=None,
                         help="wheel cache (default: $VLLM_MTAD_CACHE_DIR/wheels)")
     args = parser.parse_args(argv)
-    from tests import test_vllm_pins as pins
     from vllm_mtad.version import parse_release
 
     if args.installed:
