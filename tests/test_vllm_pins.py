@@ -16,7 +16,6 @@ series without pins of its own: against its series' newest pins).
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib
 import inspect
 from pathlib import Path
@@ -25,7 +24,7 @@ import pytest
 
 from devtools import pin_check
 from devtools.vllm_pins import PIN_KEYS, PINS, SOURCE_LINES
-from vllm_mtad.version import CHECKED_VLLM_VERSIONS, parse_release
+from vllm_mtad.version import CHECKED_VLLM_VERSIONS
 
 pytestmark = pytest.mark.patches
 
@@ -57,41 +56,35 @@ def _definition(func) -> pin_check.Found:
 
 
 def _installed_pins() -> tuple[str, dict]:
-    """(version whose pins apply, its pins) for the installed vLLM."""
+    """(version whose pins apply, its pins) for the installed vLLM: pin_check.pins_for, the
+    rule the offline check uses too."""
     import vllm
 
-    release = parse_release(vllm.__version__)
-    exact = ".".join(map(str, release))
-    if exact in PINS:
-        return exact, PINS[exact]
-    same_series = [v for v in PINS if parse_release(v)[:2] == release[:2]]
-    if not same_series:
+    applies = pin_check.pins_for(vllm.__version__)
+    if applies is None:
         pytest.fail(f"no pins recorded for vLLM {vllm.__version__}'s series; record them "
-                    f"(python -m devtools.pin_check {exact} prints them) after re-checking the "
-                    "glue")
-    newest = max(same_series, key=parse_release)
-    return newest, PINS[newest]
+                    f"(python -m devtools.pin_check {vllm.__version__} prints them) after "
+                    "re-checking the glue")
+    return applies
 
 
-def check_pin(module, qualname, glue, signature, source_hash, version):
+def check_pin(module, qualname, glue, want, pinned):
+    """The installed internal against the pin ``want`` = (signature, source hash or None)
+    recorded for ``pinned``, by the imported object (its definition's signature as written,
+    the hash of inspect.getsource), compared as devtools.pin_check compares a wheel's."""
     func = _resolve(module, qualname)
-    got = pin_check.render_signature(_definition(func).node)
-    assert got == signature, (f"vLLM internal {module}.{qualname} changed its signature to "
-                              f"{got} (pinned for {version}: {signature}); re-check {glue} for "
-                              "this vLLM version")
-    if source_hash is not None:
-        digest = hashlib.sha256(inspect.getsource(func).encode()).hexdigest()[:16]
-        assert digest == source_hash, (f"vLLM internal {module}.{qualname} changed its code "
-                                       f"(sha256 {digest}, pinned for {version}: {source_hash});"
-                                       f" re-check {glue}, which copies or overrides it, "
-                                       "against the new source")
+    text = inspect.getsource(func)
+    got = pin_check.Computed(pin_check.render_signature(_definition(func).node),
+                             pin_check.source_hash(text), text)
+    problems = pin_check.pin_problems(f"vLLM internal {module}.{qualname}", glue, got, want,
+                                      pinned)
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("module,qualname,glue", PIN_KEYS, ids=[p[1] for p in PIN_KEYS])
 def test_vllm_internal_is_as_the_glue_expects(module, qualname, glue):
-    version, pins = _installed_pins()
-    signature, source_hash = pins[(module, qualname, glue)]
-    check_pin(module, qualname, glue, signature, source_hash, version)
+    pinned, pins = _installed_pins()
+    check_pin(module, qualname, glue, pins[(module, qualname, glue)], pinned)
 
 
 @pytest.mark.parametrize("module,qualname,lines,ordered,glue", SOURCE_LINES,
@@ -132,8 +125,26 @@ def test_the_offline_check_reads_what_the_import_reads(module, qualname):
     assert pin_check.source_segment(found) == inspect.getsource(func)
 
 
-def test_the_offline_check_passes_on_the_installed_vllm(capsys):
-    assert pin_check.main(["--installed"]) == 0, capsys.readouterr().out
+def test_every_vllm_import_of_the_glue_resolves_in_the_installed_vllm():
+    """The one part of devtools.pin_check's run not checked above on the installed vLLM: the
+    glue's vLLM imports (also those inside functions, which importing the glue does not run)."""
+    repo = Path(__file__).resolve().parent.parent
+    assert pin_check.unresolved_imports(pin_check.installed_root(), repo) == []
+
+
+def test_a_patch_release_is_checked_against_its_series_pins():
+    """pins_for: a version's own pins, else the newest recorded in its series, else None."""
+    assert pin_check.pins_for("0.32.0") == ("0.32.0", PINS["0.32.0"])
+    assert pin_check.pins_for("0.32.1") == ("0.32.0", PINS["0.32.0"])
+    assert pin_check.pins_for("0.32.2+cpu") == ("0.32.0", PINS["0.32.0"])
+    assert pin_check.pins_for("0.33.4") == ("0.33.0", PINS["0.33.0"])
+    assert pin_check.pins_for("0.34.0") is None
+    assert pin_check.pins_for("0.31.9") is None
+    assert pin_check.pins_for("dev") is None
+    # The moves are counted from the series before the pins that apply.
+    assert pin_check.default_against("0.33.4") == "0.32.0"
+    assert pin_check.default_against("0.33.0") == "0.32.0"
+    assert pin_check.default_against("0.32.1") is None
 
 
 _TRICKY = """
@@ -206,8 +217,14 @@ def test_an_import_the_glue_makes_that_vllm_lacks_is_reported(tmp_path):
 
 
 def test_a_changed_internal_fails_with_the_file_to_recheck():
-    """The pin can fail: a signature that differs is reported with the glue file."""
-    with pytest.raises(AssertionError, match="re-check vllm_mtad/proposer.py"):
+    """The pin can fail: a signature or a source hash that differs is reported with the glue
+    file."""
+    with pytest.raises(AssertionError, match="signature .* pinned for a made-up version; "
+                                             "re-check vllm_mtad/proposer.py"):
         check_pin("vllm.v1.spec_decode.draft_model", "DraftModelProposer.__init__",
-                  "vllm_mtad/proposer.py", "(self, vllm_config, device)", None,
-                  version="a made-up version")
+                  "vllm_mtad/proposer.py", ("(self, vllm_config, device)", None),
+                  "a made-up version")
+    pinned, pins = _installed_pins()
+    key = ("vllm.v1.sample.rejection_sampler", "RejectionSampler.forward", "vllm_mtad/sampler.py")
+    with pytest.raises(AssertionError, match="source sha256 .* re-check vllm_mtad/sampler.py"):
+        check_pin(*key, (pins[key][0], "0" * 16), pinned)
