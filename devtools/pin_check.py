@@ -109,10 +109,71 @@ def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(package + ([node.module] if node.module else []))
 
 
+def _module_binding(root: Path, importer: str, dotted: str):
+    """What an import in module ``importer`` binding the module ``dotted`` gives: ("module",
+    dotted) for a module of the same top-level package that exists under ``root``;
+    ("external", dotted) for one of another package (torch, typing, ...: not followed, taken
+    as bound); NotFound for a module of the package that does not exist."""
+    if dotted.split(".")[0] != importer.split(".")[0]:
+        return ("external", dotted)
+    module_file(root, dotted)
+    return ("module", dotted)
+
+
+def _getattr_names(tree: ast.Module) -> set[str]:
+    """The names a module-level ``__getattr__(name)`` provides explicitly: those it compares
+    ``name`` with (``name == "x"``, ``name in ("x", ...)``, ``name in TABLE`` where ``TABLE``
+    is a module-level dict, set, list or tuple literal of strings). Not a catch-all such as
+    ``globals()[name]``: a name is not taken as bound just because a string equal to it occurs
+    in the file."""
+    getattr_fn = [stmt for stmt in tree.body
+                  if isinstance(stmt, ast.FunctionDef) and stmt.name == "__getattr__"]
+    if not getattr_fn or not getattr_fn[-1].args.args:
+        return set()
+    fn = getattr_fn[-1]
+    param = fn.args.args[0].arg
+    tables = {}
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    tables[target.id] = stmt.value
+
+    def strings(node) -> set[str]:
+        if isinstance(node, ast.Dict):
+            elements = node.keys
+        elif isinstance(node, (ast.Set, ast.List, ast.Tuple)):
+            elements = node.elts
+        elif isinstance(node, ast.Name) and node.id in tables:
+            return strings(tables[node.id])
+        else:
+            return set()
+        return {e.value for e in elements if isinstance(e, ast.Constant)
+                and isinstance(e.value, str)}
+
+    names = set()
+    for node in ast.walk(fn):
+        if not (isinstance(node, ast.Compare) and len(node.ops) == 1):
+            continue
+        left, op, right = node.left, node.ops[0], node.comparators[0]
+        if isinstance(op, ast.Eq):
+            for a, b in ((left, right), (right, left)):
+                if isinstance(a, ast.Name) and a.id == param and isinstance(b, ast.Constant) \
+                        and isinstance(b.value, str):
+                    names.add(b.value)
+        elif isinstance(op, ast.In) and isinstance(left, ast.Name) and left.id == param:
+            names |= strings(right)
+    return names
+
+
 def _bind(root: Path, module: str, name: str):
     """What ``name`` is bound to in ``module``: ("def", Found) / ("class", (module, ClassDef))
-    / ("module", dotted name) / ("value", None) for any other assignment, or a name a module
-    ``__getattr__`` provides lazily. The last binding in the file wins, as at run time."""
+    / ("module", dotted name) / ("external", dotted name) for an import from another package /
+    ("value", None) for any other assignment, or a name the module's ``__getattr__`` provides
+    explicitly (:func:`_getattr_names`). The last binding in the file wins, as at run time.
+    NotFound when the name is not bound, also when an import chain leading to it ends at a name
+    or module that does not exist."""
     path = module_file(root, module)
     tree, lines = parse_file(path)
     is_package = path.name == "__init__.py"
@@ -129,16 +190,16 @@ def _bind(root: Path, module: str, name: str):
         elif isinstance(stmt, ast.Import):
             for alias in stmt.names:
                 if alias.asname == name:
-                    bound = ("module", alias.name)
+                    bound = ("import module", alias.name)
                 elif alias.asname is None and alias.name.split(".")[0] == name:
-                    bound = ("module", name)
+                    bound = ("import module", name)
         elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            if isinstance(stmt, ast.AnnAssign) and stmt.value is None:
+                continue  # "x: int" alone binds nothing at run time
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             if any(isinstance(t, ast.Name) and t.id == name for t in targets):
                 bound = ("value", None)
-    if bound is None and any(isinstance(stmt, ast.FunctionDef) and stmt.name == "__getattr__"
-                             for stmt in tree.body) and any(
-            isinstance(node, ast.Constant) and node.value == name for node in ast.walk(tree)):
+    if bound is None and name in _getattr_names(tree):
         bound = ("value", None)  # provided by the module's __getattr__ (lazily imported)
     if bound is None:
         # A submodule of a package is reachable as its attribute once imported.
@@ -146,12 +207,17 @@ def _bind(root: Path, module: str, name: str):
                            or (path.parent / name / "__init__.py").exists()):
             return ("module", f"{module}.{name}")
         raise NotFound(f"{name} is not bound in {path}")
+    if bound[0] == "import module":
+        return _module_binding(root, module, bound[1])
     if bound[0] == "import":
         source, original = bound[1]
+        if source.split(".")[0] != module.split(".")[0]:
+            return ("external", f"{source}.{original}")
         try:
+            # Also "from pkg import submodule": _bind finds the submodule's file.
             return _bind(root, source, original)
-        except NotFound:
-            return ("module", f"{source}.{original}")  # "from pkg import submodule"
+        except NotFound as exc:
+            raise NotFound(f"{name} in {path} is imported from {source}, where {exc}") from None
     return bound
 
 
@@ -211,7 +277,7 @@ def find_function(root: Path, module: str, qualname: str) -> Found:
                 raise NotFound(f"{module}.{qualname}: no method {part} on {value[1].name}")
             return found
         else:
-            raise NotFound(f"{module}.{qualname}: {part} is looked up on a function")
+            raise NotFound(f"{module}.{qualname}: {part} is looked up on a {kind}")
     if kind != "def":
         raise NotFound(f"{module}.{qualname} is a {kind}, not a function")
     return value

@@ -216,6 +216,59 @@ def test_an_import_the_glue_makes_that_vllm_lacks_is_reported(tmp_path):
     assert len(bad) == 2 and "NoSuchConfig" in bad[0] and "no_such_module" in bad[1], bad
 
 
+_SYNTHETIC_VLLM = {
+    "vllm/__init__.py": "",
+    "vllm/b.py": "class Real:\n    pass\n",
+    "vllm/c.py": "",
+    "vllm/pkg/__init__.py": "",
+    "vllm/pkg/sub.py": "",
+    "vllm/a.py": """
+from typing import Any
+from vllm.b import Real
+from vllm.b import Missing  # b binds no Missing
+from vllm.nosuch import Ghost  # no module vllm.nosuch
+import vllm.c as c_mod
+import vllm.nosuchmod as gone
+from vllm.pkg import sub
+Annotated: int  # binds nothing at run time
+__all__ = ["Real", "lazy", "listed", "Pretend"]  # strings, not bindings
+TABLE = {"listed": "vllm.b:Real"}
+
+
+def __getattr__(name):
+    if name == "lazy":
+        return 1
+    if name in TABLE:
+        return 2
+    if name in globals():
+        return globals()[name]
+    raise AttributeError(name)
+""",
+}
+
+
+def test_an_import_chain_to_a_missing_name_is_reported_unresolved(tmp_path):
+    """A re-export of a name or module that does not exist, an annotation without a value,
+    a name that only occurs as a string beside a catch-all ``__getattr__``: unresolved, not
+    taken as bound (a synthetic vllm tree, no import)."""
+    root = tmp_path / "site"
+    for name, text in _SYNTHETIC_VLLM.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    repo = tmp_path / "repo"
+    (repo / "vllm_mtad").mkdir(parents=True)
+    resolved = ["Any", "Real", "c_mod", "sub", "lazy", "listed"]
+    unresolved = ["Missing", "Ghost", "gone", "Annotated", "Pretend"]
+    (repo / "vllm_mtad" / "x.py").write_text(
+        "".join(f"from vllm.a import {name}\n" for name in resolved + unresolved)
+        + "from vllm.pkg import sub\nimport vllm.pkg.sub\nimport vllm.pkg.gone\n")
+    bad = pin_check.unresolved_imports(root, repo)
+    reported = [line.split(": ")[1] for line in bad]
+    assert reported == [f"vllm.a {name}" for name in unresolved] + ["vllm.pkg.gone"], bad
+    assert "vllm.nosuch" in bad[1] and "b.py" in bad[0], bad
+    assert pin_check._bind(root, "vllm.a", "Any") == ("external", "typing.Any")
+
+
 def test_a_changed_internal_fails_with_the_file_to_recheck():
     """The pin can fail: a signature or a source hash that differs is reported with the glue
     file."""
