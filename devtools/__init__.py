@@ -12,4 +12,8 @@ root, e.g. ``python -m devtools.tiny_models --env``:
 - ``tiny_models``: tiny random pairs with an offline tokenizer, built in seconds;
 - ``demo``: the main job (``scripts/demo.sh``): MTAD next to the target alone and vLLM's own
   speculative decoding.
+- ``vllm_pins``: the vLLM internals pin as data (per checked version), read by
+  tests/test_vllm_pins.py and ``pin_check``;
+- ``pin_check``: checks the vLLM internals pin against a vLLM wheel that is not installed, from its sources (``python -m devtools.pin_check 0.33.0``), and says
+  which pins moved since the previous checked version.
 """

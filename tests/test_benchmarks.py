@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from vllm_mtad.version import series_of
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).parent.parent
@@ -28,7 +30,7 @@ def test_compare_quick_on_tiny_pair(tmp_path):
                 "--max-tokens", "16", "--out", str(tmp_path / "out")], tmp_path)
     data = json.loads((tmp_path / "out" / "compare.json").read_text())
     rows = {(r["name"], r["temperature"]): r for r in data["rows"]}
-    assert data["environment"]["vllm"].startswith("0.32")
+    assert series_of(data["environment"]["vllm"]) is not None  # a supported vLLM, recorded
     # Greedy speculative decoding is lossless: same tokens, same perplexity as the target.
     assert rows[("vLLM SD", 0.0)]["ppl_token_weighted"] == pytest.approx(
         rows[("target alone", 0.0)]["ppl_token_weighted"], rel=1e-6)

@@ -1,7 +1,7 @@
 """The engine configuration vLLM builds from an MTAD setup (EngineArgs.create_engine_config on
 the tiny pair; no model is loaded): vLLM's ``--spec-method/--spec-model/--spec-tokens`` flags
 give the same engine as ``--speculative-config``, and the parallel layouts MTAD cannot run
-under are refused naming the key.
+under, and vLLM's FLy verification keys, are refused naming the key.
 """
 
 from __future__ import annotations
@@ -102,3 +102,33 @@ def test_data_parallelism_is_refused_for_an_moe_target_only(tiny_pair_dirs, tmp_
     # The same MoE target without data parallelism passes MTAD's checks.
     cfg = _engine_config(model=str(moe), speculative_config=mtad_spec(draft))
     assert cfg.model_config.is_moe and "mtad" in cfg.additional_config
+
+
+@pytest.mark.parametrize("how", ["dict", "flags"])
+def test_fly_verification_keys_stop_startup_naming_the_key(how):
+    """vLLM 0.33's FLy keys with method "mtad", through the method every front end builds the
+    speculative config with (EngineArgs.create_speculative_config, patched): MTAD's error
+    naming the key, before vLLM sees the dict (on 0.32, vLLM's own error would be a pydantic
+    "Unexpected keyword argument" that says nothing about MTAD). Pure Python: no model is
+    read, so the model paths need not exist."""
+    from types import SimpleNamespace
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_mtad import plugin
+
+    plugin.register()
+    draft = "/nonexistent/draft"
+    if how == "dict":
+        args = EngineArgs(model="/nonexistent/target", speculative_config={
+            "method": "mtad", "model": draft, "num_speculative_tokens": 3,
+            "fly_window_size": 2})
+        key = "fly_window_size"
+    else:
+        args = EngineArgs(model="/nonexistent/target", spec_method="mtad", spec_model=draft,
+                          spec_tokens=3, speculative_config={"rejection_sample_method": "fly"})
+        key = "rejection_sample_method"
+    with pytest.raises(ValueError) as err:
+        args.create_speculative_config(None, SimpleNamespace())
+    assert f"speculative config key {key!r} does not apply to method 'mtad'" in str(err.value)
+    assert "MTAD has its own acceptance" in str(err.value)

@@ -67,6 +67,39 @@ def test_translate_speculative_config():
         translate_speculative_config({"method": "mtad", "model": "d"}, None)
 
 
+@pytest.mark.parametrize("key,value,says", [
+    ("rejection_sample_method", "fly", "FLy's lossy verification"),
+    ("rejection_sample_method", "standard", "vLLM's rejection sampling"),
+    ("fly_window_size", 2, "FLy's lossy verification"),
+    ("fly_entropy_threshold", 0.2, "FLy's lossy verification"),
+    ("fly_entropy_top_k", 3, "FLy's lossy verification"),
+    ("fly-window-size", 2, "FLy's lossy verification"),  # the CLI spelling
+    ("synthetic_acceptance_length", 2.5, "vLLM's rejection sampling"),
+])
+def test_vllm_verification_keys_are_refused_for_mtad(key, value, says):
+    """vLLM 0.33's FLy (rejection_sample_method "fly", fly_*) and vLLM's other verification
+    settings: MTAD accepts by its own rule, so the key is named and the fix given."""
+    from vllm_mtad.config import translate_speculative_config
+
+    spec = {"method": "mtad", "model": "d", "num_speculative_tokens": 3, key: value}
+    with pytest.raises(ValueError) as err:
+        translate_speculative_config(spec, None)
+    message = str(err.value)
+    assert f"speculative config key {key.replace('-', '_')!r}" in message
+    assert "MTAD has its own acceptance" in message and says in message
+    assert "acceptance_threshold" in message
+
+
+def test_vllm_drafting_keys_are_refused_for_mtad():
+    from vllm_mtad.config import translate_speculative_config
+
+    for key, value in (("draft_sample_method", "probabilistic"), ("parallel_drafting", True),
+                       ("use_heterogeneous_vocab", True)):
+        with pytest.raises(ValueError, match=f"key '{key}' does not apply to method 'mtad'"):
+            translate_speculative_config({"method": "mtad", "model": "d",
+                                          "num_speculative_tokens": 3, key: value}, None)
+
+
 def test_check_batch_limits_message():
     from vllm_mtad.patches.engine.patch_config_vllm import check_batch_limits
 

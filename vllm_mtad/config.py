@@ -91,6 +91,36 @@ MTAD_KEYS = ("beam_width", "acceptance_threshold", "greedy_acceptance", "specula
              "min_beam_width", "min_speculative_tokens")
 # Per-request overrides, read from SamplingParams.extra_args (OpenAI server: "vllm_xargs").
 REQUEST_KEYS = ("acceptance_threshold", "greedy_acceptance")
+# vLLM's verification settings: MTAD has its own acceptance (acceptance_threshold,
+# greedy_acceptance), so these are refused naming the key. rejection_sample_method picks vLLM's
+# rule (0.32: standard, synthetic, block; 0.33 adds "fly", FLy's lossy verification) and
+# synthetic_* tune one; 0.33's FLy settings are fly_window_size, fly_entropy_threshold,
+# fly_entropy_top_k (refused by prefix, so a later fly_* key is too). Without this, vLLM 0.32
+# rejects a fly_* key with a pydantic "Unexpected keyword argument" that does not mention MTAD,
+# and vLLM 0.33 accepts it without rejection_sample_method="fly" and ignores it silently.
+VERIFICATION_KEYS = ("rejection_sample_method", "synthetic_acceptance_rates",
+                     "synthetic_acceptance_length")
+VERIFICATION_KEY_PREFIXES = ("fly_",)
+# vLLM's drafting settings that MTAD's beam drafting replaces.
+DRAFTING_KEYS = ("draft_sample_method", "parallel_drafting", "use_heterogeneous_vocab")
+
+
+def check_foreign_keys(spec: dict[str, Any]) -> None:
+    """Refuse, naming the key, vLLM speculative-config keys that MTAD replaces."""
+    for key in spec:
+        if key in VERIFICATION_KEYS or key.startswith(VERIFICATION_KEY_PREFIXES):
+            what = ("FLy's lossy verification" if key.startswith("fly_")
+                    or spec.get("rejection_sample_method") == "fly"
+                    else "vLLM's rejection sampling")
+            raise ValueError(
+                f"speculative config key {key!r} does not apply to method 'mtad': MTAD has its "
+                f"own acceptance (the joint-likelihood rule, set by 'acceptance_threshold' and "
+                f"'greedy_acceptance'), so {what} is not used. Remove {key!r}; to accept more "
+                "of each draft, lower 'acceptance_threshold'.")
+        if key in DRAFTING_KEYS:
+            raise ValueError(f"speculative config key {key!r} does not apply to method 'mtad' "
+                             "(MTAD drafts by beam search/sampling and accepts by its own "
+                             "rule); remove it.")
 
 
 def translate_speculative_config(
@@ -113,12 +143,7 @@ def translate_speculative_config(
                          "an integer >= 1.")
     mtad_kwargs = {k: spec.pop(k) for k in MTAD_KEYS if k in spec}
     cfg = MTADConfig(num_speculative_tokens=gamma, **mtad_kwargs)
-    for key in ("draft_sample_method", "rejection_sample_method", "parallel_drafting",
-                "use_heterogeneous_vocab"):
-        if key in spec:
-            raise ValueError(f"speculative config key {key!r} does not apply to method 'mtad' "
-                             "(MTAD drafts by beam search/sampling and accepts by its own rule); "
-                             "remove it.")
+    check_foreign_keys(spec)
     spec["method"] = "draft_model"
     additional = dict(additional_config or {})
     additional[ADDITIONAL_CONFIG_KEY] = cfg.to_dict()

