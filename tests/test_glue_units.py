@@ -263,3 +263,29 @@ def test_draft_kv_tracker_gaps_after_skipped_steps():
         "a": (24, 25), "b": (0, 3), "c": (0, 32)}
     kv.prune({"a"})
     assert set(kv.last_start) == {"a"} and kv.valid == {}
+
+
+def test_speculation_controller_splits_a_steps_input_into_decode_and_prefill_tokens():
+    """The verify sample of a step is sized (decode tokens, prefill tokens): one token a row
+    plus the drafts it verifies, and the rest; the proposer's first-pass sample splits on the
+    same count. Under forced plans the samples are fitted as they come, not held back."""
+    import torch
+
+    from vllm_mtad.config import MTADConfig
+    from vllm_mtad.speculation import SpeculationController, force_plans
+
+    spec = SpeculationController(
+        MTADConfig(num_speculative_tokens=4, speculation_policy="adaptive"), torch.device("cpu"))
+    spec.on_step_start()
+    spec.verifying(12)  # 4 rows verifying 3 drafts each, beside a 100-token prefill chunk
+    spec.plan(["sampled"] * 4, scheduled_tokens=4 + 12 + 100)
+    assert spec.prefill_tokens == 100
+    assert spec.costs.verify.samples == 1 and spec.costs.verify._seen == [16.0, 100.0]
+    force_plans([(1, 2)])(type("W", (), {"model_runner": type("R", (), {
+        "drafter": type("D", (), {"speculation": spec})})}))
+    for _ in range(3):
+        spec.on_step_start()
+        spec.verifying(0)
+        spec.plan(["sampled"] * 4, scheduled_tokens=4)
+        assert spec.prefill_tokens == 0 and not spec._pending
+    assert spec.costs.verify.samples == 4 and spec.costs.rest.samples == 0

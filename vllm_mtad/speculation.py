@@ -302,11 +302,12 @@ class SpeculationController:
             self._step_start = None
         self.steps += 1
         only_exact = all(c == "exact" for c in classes)  # they draft the argmax chain
+        if self.adaptive:  # timings are taken under forced plans too: fit them as they come
+            self._resolve()
         if self.forced:
             w, g = self.forced[(self.steps - 1) % len(self.forced)]
             plan = policy.Plan(1 if only_exact else w, g)
         elif self.adaptive:
-            self._resolve()
             if self.steps % self.stats_period == 0:
                 self._read_acceptance()
             owed = self.kv.owed(req_ids, starts) if self.kv.skipped_any else {}

@@ -48,9 +48,11 @@ class LinearCost:
 
     ``dims`` sizes per sample: 1 (draft rows), or 2 for the forwards whose input mixes decode
     tokens (a few per request, each reading a long context) and prefill tokens (a prompt's
-    chunk; also the draft's catch-up), which cost differently a token. On one line the
-    prefill steps set the intercept: on the real pair at batch 16 a step without drafting was
-    priced 0.20 s where the engine took 0.17 s. A scalar size is (size, 0, ...).
+    chunk; also the draft's catch-up), which need not cost the same a token. On this
+    project's 2-core CPU they do (~4 ms a token for the real pair's target, measured); on a
+    GPU a small batch's decode tokens ride one memory-bound pass while a prompt's are
+    compute-bound, and one line over both would price the decode arms by the prefill steps'
+    slope. A scalar size is (size, 0, ...).
 
     With too little spread in a size the slope is not identified; it is then shrunk towards 0
     (``ridge``, relative to the squared mean size), so that an unmeasured slope reads as "size
@@ -130,8 +132,8 @@ class LinearCost:
 
 def _nonnegative_solve(a: list, b: list, ridge: list) -> list:
     """x >= 0 minimising the ridge-regularised least squares with normal equations
-    (a + diag(ridge)) x = b, by dropping negative coordinates one at a time (an active set;
-    enough for the one or two sizes here)."""
+    (a + diag(ridge)) x = b: solved again without the coordinates that came out negative
+    (held at 0) until none does (enough for the one or two sizes here)."""
     free = list(range(len(b)))
     x = [0.0] * len(b)
     while free:
