@@ -19,7 +19,7 @@ still answer. A seeded request's output is the same in any batch, but a request 
 resumes with a prefill that samples its next token from the target alone and then drafts from
 there: its rounds start at other positions, so its sampled (and greedy "joint") output after
 the preemption point differs from an unpreempted run — as vLLM's own speculative decoding's
-seeded samples do (README, Limits; vLLM does not say which requests it preempted). The run
+seeded samples do (docs/usage.md#limits-in-detail; vLLM does not say which requests it preempted). The run
 fails if a greedy "exact" request differs (its output is the target's greedy output whatever
 happens), if any request differs without a preemption in the run, or if a differing request
 gives two different outputs in two runs alone. Reports (JSON for every raw figure, Markdown, PNG) go to

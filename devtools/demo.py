@@ -10,17 +10,26 @@ paper's: T=1, top-k 10, top-p 0.9). Every engine first generates once on other p
 table reports the timed run's output tokens/s and vLLM's own mean acceptance length (accepted
 draft tokens per step + 1). MTAD runs with the settings a user gets by default, apart from the
 ones given on the command line.
+
+vLLM's own log (and the C++ warnings of its kernels) goes to a file the demo names,
+benchmarks/results/demo-vllm.log by default (``--log``); ``--verbose`` shows it on the terminal
+instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
 import time
+from pathlib import Path
 
 from devtools.engine import (build_llm, close, counters_delta, draft_model_spec,
                              mean_acceptance_length, mtad_spec, spec_counters)
 from devtools.models import add_model_args, resolve_pair
+
+DEFAULT_LOG = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "demo-vllm.log"
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -77,10 +86,40 @@ def run_method(target, spec, prompts_text, max_tokens, tiny, kv_bytes):
             "sample": outs[0].outputs[0].text}
 
 
+@contextlib.contextmanager
+def output_to(log: Path | None):
+    """Yield a text stream on the terminal's stdout; while inside, everything else this process
+    and its children write to file descriptors 1 and 2 (vLLM's logger, tqdm, C++ warnings)
+    goes to ``log``, appended. ``log=None`` changes nothing."""
+    if log is None:
+        yield sys.stdout
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    terminal = os.fdopen(os.dup(saved[0]), "w", buffering=1)
+    try:
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        yield terminal
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, target):
+            os.close(fd)
+        terminal.close()
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
 def main(argv: list[str] | None = None) -> None:
-    # Engines in this process (a quicker start), and vLLM's log quiet under the table.
+    # Engines in this process (a quicker start).
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(parser)
@@ -88,6 +127,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--beam-width", type=int, default=4)
     parser.add_argument("--threshold", type=float, default=0.5)
+    parser.add_argument("--log", type=Path, default=DEFAULT_LOG,
+                        help="where vLLM's own log goes (default: %(default)s)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show vLLM's log on the terminal instead of writing it to --log")
     args = parser.parse_args(argv)
 
     target, draft, tiny = resolve_pair(args)
@@ -98,10 +141,26 @@ def main(argv: list[str] | None = None) -> None:
           f"{len(PROMPTS)}; each method in its own vLLM engine.")
     if tiny:
         print("The tiny models are random: their text is noise, their acceptance figures real.")
+    log = None if args.verbose else args.log
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("")
+        print(f"vLLM's log: {log} (--verbose shows it here)")
     rows = []
-    for name, spec in methods(draft, args.gamma, args.beam_width, args.threshold):
-        print(f"running: {name} ...", flush=True)
-        rows.append((name, run_method(target, spec, PROMPTS, max_tokens, tiny, kv_bytes)))
+    with output_to(log) as terminal:
+        for i, (name, spec) in enumerate(methods(draft, args.gamma, args.beam_width,
+                                                 args.threshold), 1):
+            print(f"[{i}/3] {name}: build, warm up, generate ...", end=" ", flush=True,
+                  file=terminal)
+            t0 = time.perf_counter()
+            try:
+                rows.append((name, run_method(target, spec, PROMPTS, max_tokens, tiny, kv_bytes)))
+            except BaseException:
+                print("failed", file=terminal)
+                if log is not None:
+                    print(f"--- the end of {log}:\n{tail(log)}", file=terminal)
+                raise
+            print(f"done in {time.perf_counter() - t0:.0f} s", file=terminal)
 
     print("\n| method | output tokens | tokens/s | mean acceptance length |")
     print("|---|---|---|---|")

