@@ -30,8 +30,7 @@ from vllm.v1.spec_decode.draft_model import DraftModelProposer
 from vllm_mtad.beam_kv import BeamKVLayout, tail_blocks
 from vllm_mtad.config import from_additional_config
 from vllm_mtad.core import beam_step, best_beam, is_greedy, keep_rows
-from vllm_mtad.core.processing import (GREEDY_TEMPERATURE, CandidatePlan, draft_candidates,
-                                       plan_candidates)
+from vllm_mtad.core.processing import CandidatePlan, draft_candidates, plan_candidates
 from vllm_mtad.log import get_logger
 from vllm_mtad.speculation import SpeculationController
 from vllm_mtad.timing import phase
@@ -393,7 +392,6 @@ def beam_attn_groups(groups, vllm_config, device, width: int) -> list:
         return list(groups)
     import copy
 
-    from vllm.config import CUDAGraphMode
     from vllm.v1.worker.utils import AttentionGroup
 
     cfg = copy.copy(vllm_config)  # shallow: model, cache and forward context stay shared
@@ -451,7 +449,7 @@ def plan_for_batch(input_batch, num_rows: int, vocab_size: int, beam_width: int
                    ) -> tuple[list[bool], CandidatePlan]:
     """Per batch, on the host: which rows are greedy, and how draft_candidates processes them,
     from vLLM's own host arrays (temperature_cpu, top_k_cpu, top_p_cpu; no device read)."""
-    greedy = (input_batch.temperature_cpu[:num_rows] < GREEDY_TEMPERATURE).tolist()
+    greedy = is_greedy(input_batch.temperature_cpu[:num_rows]).tolist()
     return greedy, plan_candidates(vocab_size, beam_width, greedy,
                                    input_batch.top_k_cpu[:num_rows].tolist(),
                                    input_batch.top_p_cpu[:num_rows].tolist())

@@ -30,7 +30,7 @@ import torch
 
 from vllm_mtad.config import MTADConfig, request_settings
 from vllm_mtad.core import policy
-from vllm_mtad.core.processing import GREEDY_TEMPERATURE
+from vllm_mtad.core.processing import is_greedy
 from vllm_mtad.log import get_logger
 
 logger = get_logger(__name__)
@@ -192,7 +192,7 @@ class SpeculationController:
             seeds.append(s[2])
         if len(self._settings) > 4 * max(len(req_ids), 16):
             self._prune(requests)
-        greedy = (input_batch.temperature_cpu[:len(req_ids)] < GREEDY_TEMPERATURE).tolist()
+        greedy = is_greedy(input_batch.temperature_cpu[:len(req_ids)]).tolist()
         classes = [("exact" if e else "joint") if g else "sampled" for g, e in zip(greedy, exact)]
         return Rows(tau, exact, seeds, greedy, classes)
 
