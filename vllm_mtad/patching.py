@@ -59,12 +59,5 @@ def undo(owner: Any, attr: str) -> None:
     setattr(p.owner, p.attr, p.original)
 
 
-def undo_all() -> None:
-    """Restore every patched attribute (for tests)."""
-    for p in reversed(list(_PATCHES.values())):
-        setattr(p.owner, p.attr, p.original)
-    _PATCHES.clear()
-
-
 def _name(owner: Any) -> str:
     return getattr(owner, "__qualname__", None) or getattr(owner, "__name__", repr(owner))

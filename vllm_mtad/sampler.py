@@ -200,14 +200,9 @@ class _FlatTarget:
         if not sampling_metadata.all_greedy:
             _, plan = plan_for_batch(runner.input_batch, B, self.V, 1)
             if plan.num_candidates is not None and not need_processed_logits:
-                cands = draft_candidates(target_logits, per_token(temp),
-                                         per_token(sampling_metadata.top_k),
-                                         per_token(sampling_metadata.top_p),
-                                         replace(plan, any_greedy=False))
-                # Ties at a row's k-th value past the K candidates (rare: the slack grows
-                # with k): vLLM's dense path instead. One host sync per step, only on top-k batches.
-                if not bool(cands.overflow.any()):
-                    self.cands = cands
+                self.cands = sparse_candidates_unless_overflow_host_sync(
+                    target_logits, per_token(temp), per_token(sampling_metadata.top_k),
+                    per_token(sampling_metadata.top_p), replace(plan, any_greedy=False))
             if self.cands is not None:
                 hit = self.cands.token_ids == tok[:, None]  # [N, K]
                 processed = torch.where(hit, self.cands.logprobs,
@@ -224,7 +219,15 @@ class _FlatTarget:
         self.token_logprobs = lp  # [N]
 
     def at_drafts(self, draft_token_ids):
-        return self.token_logprobs[self.flat], self.argmax[self.flat]
+        """The answers for this view's own drafts (``self.drafts``, read from vLLM's metadata
+        once): ``draft_token_ids`` must be those, with some positions set to -1 (drafts the
+        sampler refuses); the answers there are 0 and ignored by the rule."""
+        assert draft_token_ids.shape == self.drafts.shape, (
+            f"draft_token_ids must be [B, γ] = {tuple(self.drafts.shape)}, "
+            f"got {tuple(draft_token_ids.shape)}")
+        valid = draft_token_ids >= 0
+        return (torch.where(valid, self.token_logprobs[self.flat], 0.0),
+                torch.where(valid, self.argmax[self.flat], 0))
 
     def candidates_at(self, index):
         rows = self.flat.gather(1, index[:, None])[:, 0]  # [B] rows of the N
@@ -240,3 +243,12 @@ class _FlatTarget:
             return Candidates(lp, ids, no_overflow)
         logits = self.processed_logits[rows]  # [B, V]
         return Candidates(logits.log_softmax(dim=-1), None, no_overflow)
+
+
+def sparse_candidates_unless_overflow_host_sync(logits, temperature, top_k, top_p, plan):
+    """The processed distribution of the target rows as candidates (one k-selection per row),
+    or None when some row's ties at its k-th value reach past the K candidates (rare: the
+    slack grows with k); the caller then takes vLLM's dense path. Reading that flag is a host
+    sync: one per verify step, on batches where every sampled request uses top-k."""
+    cands = draft_candidates(logits, temperature, top_k, top_p, plan)
+    return None if bool(cands.overflow.any()) else cands
