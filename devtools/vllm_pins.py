@@ -189,6 +189,10 @@ SOURCE_LINES = [
       "gen.set_offset(gen.get_offset() - 4)"), False, R),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._prepare_inputs",
      ("self.discard_request_mask.np[:num_reqs] = (",), False, R),
+    # patch_gpu_model_runner hands the draft-only blocks' plan to allocate_kv_cache inside the
+    # KV cache config this method passes on.
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.initialize_kv_cache_tensors",
+     ("kv_caches = allocate_kv_cache(", "kv_cache_config,"), True, P),
     # patch_gpu_model_runner starts a step's timing after _update_states, just before the
     # step's inputs are prepared.
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model",

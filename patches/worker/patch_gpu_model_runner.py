@@ -20,11 +20,12 @@ How: one wrapper per concern, each a small function below:
       step that schedules tokens, marks the start of the step's input preparation for the
       speculation policy's timings (vLLM's ``execute_model`` calls ``_prepare_inputs`` next).
     - draft-only KV (``initialize_kv_cache_tensors``, ``allocate_kv_cache``): for runners with
-      W > 1, initialize_kv_cache_tensors runs with vllm_mtad.draft_scratch's plan active, and
-      the wrapped allocate_kv_cache then gives the draft layers
+      W > 1, initialize_kv_cache_tensors hands vLLM's code the KV cache config laid out for
+      vllm_mtad.draft_scratch's plan, with the plan in it (``KVCacheConfigWithScratch``);
+      vLLM passes it on to allocate_kv_cache, whose wrapper then gives the draft layers
       S = max_num_seqs·(W−1)·tail_blocks blocks past the pool (memory set aside by
-      patch_cpu_worker / patch_gpu_worker); vLLM's own binding then sees those views. Without
-      an active plan allocate_kv_cache is vLLM's.
+      patch_cpu_worker / patch_gpu_worker); vLLM's own binding then sees those views. For
+      any other config allocate_kv_cache is vLLM's.
     - end of the context (``_input_fits_in_drafter``): vLLM skips the drafter for the whole
       batch when its longest request comes within γ of max_model_len and schedules
       placeholder drafts without probabilities; for MTAD runners it now says yes, since the
@@ -114,10 +115,10 @@ def _with_draft_only_blocks(original):
         from vllm_mtad import draft_scratch
 
         plan = draft_scratch.plan_for(self)
-        with draft_scratch.active(plan):
-            out = original(self, kv_cache_config, *args, **kwargs)
-        if plan is not None:
-            self.drafter.scratch = plan
+        if plan is None:
+            return original(self, kv_cache_config, *args, **kwargs)
+        out = original(self, draft_scratch.with_scratch(kv_cache_config, plan), *args, **kwargs)
+        self.drafter.scratch = plan
         return out
 
     return initialize_kv_cache_tensors
@@ -128,7 +129,7 @@ def _allocate_draft_only_blocks(original):
     def allocate_kv_cache(kv_cache_config, device, layout, kernel_block_sizes=None):
         from vllm_mtad import draft_scratch
 
-        plan = draft_scratch.current()
+        plan = draft_scratch.scratch_of(kv_cache_config)
         if plan is None:
             return original(kv_cache_config, device, layout, kernel_block_sizes)
         return draft_scratch.allocate(original, kv_cache_config, device, layout,
