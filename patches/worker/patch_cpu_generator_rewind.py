@@ -26,8 +26,13 @@ Removal: when vLLM's runner stops calling set_offset on CPU generators
 from __future__ import annotations
 
 import functools
+import weakref
 
 from vllm_mtad.patching import is_patched, patch
+
+# runner -> {row: (generator, state)} saved by _prepare_inputs for the same step's
+# _bookkeeping_sync: kept here, not on vLLM's runner; weak, so a finished engine leaves nothing.
+_SAVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def apply() -> None:
@@ -43,7 +48,7 @@ def _save_discarded_generators(original):
     @functools.wraps(original)
     def _prepare_inputs(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
-        self._mtad_discarded_generators = discarded_cpu_generator_states(self)
+        _SAVED[self] = discarded_cpu_generator_states(self)
         return out
 
     return _prepare_inputs
@@ -52,10 +57,9 @@ def _save_discarded_generators(original):
 def _restore_discarded_generators(original):
     @functools.wraps(original)
     def _bookkeeping_sync(self, *args, **kwargs):
-        saved = getattr(self, "_mtad_discarded_generators", None)
+        saved = _SAVED.pop(self, None)
         if not saved:
             return original(self, *args, **kwargs)
-        self._mtad_discarded_generators = None
         generators = self.input_batch.generators
         for gen, state in saved.values():
             gen.set_state(state)
