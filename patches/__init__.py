@@ -43,6 +43,7 @@ WORKER_PATCHES = (
 )
 PATCH_MODULES = PLUGIN_LOAD_PATCHES + WORKER_PATCHES
 
+# Module-level state: the groups applied in this process (each once per process, as patches are).
 _applied: set[str] = set()
 
 

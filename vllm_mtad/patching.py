@@ -21,6 +21,8 @@ class _Patch:
     source: str  # the patch file that made it
 
 
+# Module-level state: the patches applied in this process, as the patched attributes are
+# (process-wide); this registry is what refuses double patching and what undo restores.
 _PATCHES: dict[tuple[int, str], _Patch] = {}
 _MISSING = object()
 
