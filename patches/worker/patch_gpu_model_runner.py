@@ -12,13 +12,17 @@ How: one wrapper per concern, each a small function below:
     - drafter and sampler (``__init__``): after vLLM's, swaps ``self.drafter`` for
       vllm_mtad.proposer.MTADProposer and ``self.rejection_sampler`` for
       vllm_mtad.sampler.MTADRejectionSampler. Both subclass the originals, so every
-      isinstance check in the runner keeps holding; they share the drafter's
+      isinstance check in the runner keeps holding. Both get the one
+      vllm_mtad.request_state.MTADRequestState made here (the requests' settings, drafts and
+      the step's rows; neither holds the runner or the other) and share the drafter's
       SpeculationController. Before vLLM's, applies patch_phase_timers (inert unless
       VLLM_MTAD_PHASE_TIMERS=1; the worker patches are applied once per process, a runner is
       built per engine, and timers may be switched on in between).
-    - step timing (``_update_states``): after vLLM has applied the scheduler's output, in a
-      step that schedules tokens, marks the start of the step's input preparation for the
-      speculation policy's timings (vLLM's ``execute_model`` calls ``_prepare_inputs`` next).
+    - the step's start (``_update_states``): after vLLM has applied the scheduler's output,
+      hands the request state the step's InputBatch and the finished requests (forgotten
+      there: the one pruning rule), and, in a step that schedules tokens, marks the start of
+      the step's input preparation for the speculation policy's timings (vLLM's
+      ``execute_model`` calls ``_prepare_inputs`` next).
     - draft-only KV (``initialize_kv_cache_tensors``, ``allocate_kv_cache``): for runners with
       W > 1, initialize_kv_cache_tensors hands vLLM's code the KV cache config laid out for
       vllm_mtad.draft_scratch's plan, with the plan in it (``KVCacheConfigWithScratch``);
@@ -56,7 +60,7 @@ def apply() -> None:
     if is_patched(GPUModelRunner, "__init__"):
         return
     patch(GPUModelRunner, "__init__", _swap_drafter_and_sampler, __name__)
-    patch(GPUModelRunner, "_update_states", _mark_step_start, __name__)
+    patch(GPUModelRunner, "_update_states", _begin_step, __name__)
     patch(GPUModelRunner, "_input_fits_in_drafter", _draft_to_the_end_of_the_context, __name__)
     patch(GPUModelRunner, "initialize_kv_cache_tensors", _with_draft_only_blocks, __name__)
     patch(gpu_model_runner, "allocate_kv_cache", _allocate_draft_only_blocks, __name__)
@@ -73,23 +77,28 @@ def _swap_drafter_and_sampler(original):
         if cfg is None or getattr(self, "drafter", None) is None:
             return
         from vllm_mtad.proposer import MTADProposer
+        from vllm_mtad.request_state import MTADRequestState
         from vllm_mtad.sampler import MTADRejectionSampler
 
-        self.drafter = MTADProposer(vllm_config=vllm_config, device=self.device, runner=self)
+        state = MTADRequestState(cfg, self.requests, self.input_batch)
+        self.drafter = MTADProposer(vllm_config=vllm_config, device=self.device, state=state,
+                                    runner=self)
         self.rejection_sampler = MTADRejectionSampler(
-            self.sampler, self.speculative_config, self.device, runner=self, mtad=cfg,
+            self.sampler, self.speculative_config, self.device, mtad=cfg, state=state,
             speculation=self.drafter.speculation)
 
     return __init__
 
 
-def _mark_step_start(original):
+def _begin_step(original):
     @functools.wraps(original)
     def _update_states(self, scheduler_output, *args, **kwargs):
         out = original(self, scheduler_output, *args, **kwargs)
-        speculation = getattr(getattr(self, "drafter", None), "speculation", None)
-        if speculation is not None and scheduler_output.total_num_scheduled_tokens:
-            speculation.on_step_start()  # MTAD: the step's timing starts here
+        state = getattr(getattr(self, "drafter", None), "state", None)
+        if state is not None:  # MTAD: the step's rows; finished requests forgotten
+            state.begin_step(self.input_batch, scheduler_output.finished_req_ids)
+            if scheduler_output.total_num_scheduled_tokens:
+                self.drafter.speculation.on_step_start()  # the step's timing starts here
         return out
 
     return _update_states
