@@ -61,8 +61,10 @@ def build_llm(target, speculative_config: dict | None = None, **kwargs):
 
 def close(llm) -> None:
     """Shut ``llm``'s engine down now (vLLM's engine core keeps the objects it allocated at
-    start-up frozen, ``gc.freeze()``, until its shutdown). No collection is needed after: no
-    MTAD object refers back to the runner (drafter and sampler share a request state instead).
+    start-up frozen, ``gc.freeze()``, until its shutdown). No MTAD object refers back to the
+    runner (drafter and sampler share a request state instead), so MTAD adds no reference
+    cycle; vLLM's own engine objects do form cycles (a plain vLLM runner outlives its last
+    reference too), which Python's automatic collection frees, so no ``gc.collect()`` here.
     The caller's name still refers to the (shut down) ``LLM``: drop it too."""
     llm.llm_engine.engine_core.shutdown()
 
