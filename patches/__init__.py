@@ -35,6 +35,7 @@ PLUGIN_LOAD_PATCHES = (
     "engine.patch_input_processor",
 )
 WORKER_PATCHES = (
+    "worker.patch_cpu_generator_rewind",
     "worker.patch_cpu_worker",
     "worker.patch_gpu_model_runner",
     "worker.patch_gpu_worker",
@@ -42,6 +43,7 @@ WORKER_PATCHES = (
 )
 PATCH_MODULES = PLUGIN_LOAD_PATCHES + WORKER_PATCHES
 
+# Module-level state: the groups applied in this process (each once per process, as patches are).
 _applied: set[str] = set()
 
 

@@ -9,11 +9,11 @@ pytestmark = pytest.mark.patches
 
 
 def test_draft_store_matches_scheduled_drafts_and_prunes():
-    from vllm_mtad.proposer import DraftStore
+    from vllm_mtad.request_state import DraftStore
 
     store = DraftStore()
     store.put(["a", "b"], torch.tensor([[1, 2, 3], [4, 5, 6]]),
-              torch.tensor([[-0.1, -0.2, -0.3], [-1.0, -2.0, -3.0]]), active={"a", "b"})
+              torch.tensor([[-0.1, -0.2, -0.3], [-1.0, -2.0, -3.0]]))
 
     def lookup(req_id, scheduled):
         lps, ok = store.lookup([req_id], torch.tensor([scheduled]))
@@ -29,10 +29,11 @@ def test_draft_store_matches_scheduled_drafts_and_prunes():
     assert ok.tolist() == [True, True] and lps[0].tolist() == pytest.approx([-0.1, -0.2, -0.3])
     assert store.lookup(["c"], torch.tensor([[5, -1, -1]]))[1].tolist() == [False]
     # A later round without "a" (skipped this step) keeps "a"; a finished request is dropped.
-    store.put(["b"], torch.tensor([[7, 8, 9]]), torch.zeros(1, 3), active={"a", "b"})
+    store.put(["b"], torch.tensor([[7, 8, 9]]), torch.zeros(1, 3))
     assert lookup("a", [1, 2, 3]) == pytest.approx([-0.1, -0.2, -0.3])
     assert lookup("b", [7, 8, 9]) == [0.0, 0.0, 0.0]
-    store.put(["b"], torch.tensor([[7, 8, 9]]), torch.zeros(1, 3), active={"b"})
+    store.put(["b"], torch.tensor([[7, 8, 9]]), torch.zeros(1, 3))
+    store.forget(["a"])  # the request state's rule: a finished request is forgotten
     assert lookup("a", [1, 2, 3]) == "mismatch"
     # Longer drafts than the store's (γ grew): the missing positions never match.
     assert lookup("b", [7, 8, 9, 5]) == "mismatch"
@@ -261,7 +262,7 @@ def test_draft_kv_tracker_gaps_after_skipped_steps():
     # A new request with a prefix-cache hit, and "b" resumed after preemption at 3 < 9.
     assert step(["a", "b", "c"], [25, 3, 32], drafting=True) == {
         "a": (24, 25), "b": (0, 3), "c": (0, 32)}
-    kv.prune({"a"})
+    kv.forget(["b", "c"])  # finished
     assert set(kv.last_start) == {"a"} and kv.valid == {}
 
 

@@ -48,6 +48,19 @@ def test_register_is_idempotent_and_patches_can_be_undone():
     wrapped = VllmConfig.__dict__["__post_init__"]
     original = patching.original(VllmConfig, "__post_init__")
     assert wrapped is not original and callable(original)
+    # Undo one file's patches: vLLM's own attributes come back; applying the file again
+    # wraps them again.
+    from vllm_mtad.patches.engine import patch_config_vllm
+
+    attrs = ("__post_init__", "_get_v2_model_runner_unsupported_features")
+    originals = {a: patching.original(VllmConfig, a) for a in attrs}
+    for attr in attrs:
+        patching.undo(VllmConfig, attr)
+    assert all(VllmConfig.__dict__[a] is originals[a] for a in attrs)
+    assert not any(patching.is_patched(VllmConfig, a) for a in attrs)
+    patch_config_vllm.apply()
+    assert all(patching.is_patched(VllmConfig, a) for a in attrs)
+    assert VllmConfig.__dict__["__post_init__"] is not original
 
 
 def test_plugin_load_applies_the_front_end_groups_only(tmp_path):

@@ -96,7 +96,7 @@ def test_apply_patches_nothing_unless_enabled(timers_env):
 def test_model_hooks_attach_once_and_shared_modules_count_once(timers_env):
     import torch
 
-    from vllm_mtad.patches.worker.patch_phase_timers import attach_model_hooks
+    from vllm_mtad.patches.worker.patch_phase_timers import attach_model_hooks, hook_handles
 
     timers_env(True)
 
@@ -120,7 +120,7 @@ def test_model_hooks_attach_once_and_shared_modules_count_once(timers_env):
     runner.drafter.model = Model(shared)
     attach_model_hooks(runner)
     attach_model_hooks(runner)  # no second set of hooks
-    assert len(runner._mtad_phase_hooks) == 6  # target, draft, and the shared processor once
+    assert len(hook_handles(runner)) == 6  # target, draft, and the shared processor once
     runner.model(torch.zeros(1, 4))
     runner.drafter.model(torch.zeros(1, 4))
     runner.drafter.model.logits_processor(torch.zeros(1, 4))
@@ -131,7 +131,9 @@ def test_model_hooks_attach_once_and_shared_modules_count_once(timers_env):
 
 
 def _hooks_attached(worker) -> bool:
-    return hasattr(worker.model_runner, "_mtad_phase_hooks")
+    from vllm_mtad.patches.worker.patch_phase_timers import hook_handles
+
+    return hook_handles(worker.model_runner) is not None
 
 
 def _generate(llm, n_prompts=4, tokens=24):

@@ -24,11 +24,11 @@ anything else fails at startup with a message that says what to change.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
+from vllm.v1.kv_cache_interface import KVCacheConfig
 
 from vllm_mtad.beam_kv import scratch_blocks, tail_blocks
 from vllm_mtad.log import get_logger
@@ -112,9 +112,39 @@ def wrap_available_memory(original):
     return determine_available_memory
 
 
+def with_scratch(kv_cache_config, plan: ScratchPlan):
+    """The runner's ``kv_cache_config`` laid out for the scratch (:func:`extend_config`, in
+    place) and handed on with the plan: a :class:`KVCacheConfigWithScratch`, which the wrapped
+    ``allocate_kv_cache`` receives as its argument and recognises
+    (patches/worker/patch_gpu_model_runner.py). How the plan reaches the allocator: by the
+    argument vLLM passes it, not by a side channel."""
+    extend_config(kv_cache_config, plan)
+    return KVCacheConfigWithScratch.of(kv_cache_config, plan)
+
+
+@dataclass
+class KVCacheConfigWithScratch(KVCacheConfig):
+    """vLLM's KVCacheConfig with one field more: the draft-only blocks' plan, for the
+    allocation it is handed to."""
+
+    scratch: ScratchPlan | None = None
+
+    @classmethod
+    def of(cls, config, plan: ScratchPlan) -> "KVCacheConfigWithScratch":
+        return cls(**{f.name: getattr(config, f.name) for f in fields(config) if f.init},
+                   scratch=plan)
+
+
+def scratch_of(kv_cache_config) -> ScratchPlan | None:
+    """The plan that came with an allocation's config, None for vLLM's own configs."""
+    return kv_cache_config.scratch if isinstance(kv_cache_config,
+                                                  KVCacheConfigWithScratch) else None
+
+
 def extend_config(kv_cache_config, plan: ScratchPlan) -> None:
     """Rewrite ``kv_cache_config.kv_cache_tensors`` in place: the draft layers' pages move to
-    the end of the backing allocation, each layer spanning ``num_blocks + S`` pages."""
+    the end of the backing allocation, each layer spanning ``num_blocks + S`` pages. Sets
+    ``plan.base`` (the first scratch block id) and ``plan.bytes`` (what the layout added)."""
     N = kv_cache_config.num_blocks
     draft = set(plan.draft_layers)
     tensors = kv_cache_config.kv_cache_tensors
@@ -156,10 +186,10 @@ def extend_config(kv_cache_config, plan: ScratchPlan) -> None:
 
 
 def allocate(original, kv_cache_config, device, layout, kernel_block_sizes, plan: ScratchPlan):
-    """vLLM's ``allocate_kv_cache`` with the draft layers viewed over ``num_blocks + S`` blocks."""
+    """vLLM's ``allocate_kv_cache`` with the draft layers viewed over ``num_blocks + S`` blocks
+    (``kv_cache_config`` already laid out by :func:`with_scratch`)."""
     from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs, create_kv_cache_views
 
-    extend_config(kv_cache_config, plan)
     draft = set(plan.draft_layers)
     tensor = next(t for t in kv_cache_config.kv_cache_tensors if draft & set(t.layers))
     gid, group = next((i, g) for i, g in enumerate(kv_cache_config.kv_cache_groups)
@@ -189,23 +219,3 @@ def allocate(original, kv_cache_config, device, layout, kernel_block_sizes, plan
         plan.blocks, plan.bytes / 2**20, plan.beam_width - 1, plan.rows, plan.tail_blocks,
         len(draft), plan.base, plan.base + plan.blocks - 1)
     return kv_caches
-
-
-_ACTIVE: list[ScratchPlan] = []
-
-
-@contextlib.contextmanager
-def active(plan: ScratchPlan | None):
-    """While a runner allocates its KV cache: the plan the allocation patch applies."""
-    if plan is None:
-        yield
-        return
-    _ACTIVE.append(plan)
-    try:
-        yield
-    finally:
-        _ACTIVE.pop()
-
-
-def current() -> ScratchPlan | None:
-    return _ACTIVE[-1] if _ACTIVE else None

@@ -21,6 +21,8 @@ class _Patch:
     source: str  # the patch file that made it
 
 
+# Module-level state: the patches applied in this process, as the patched attributes are
+# (process-wide); this registry is what refuses double patching and what undo restores.
 _PATCHES: dict[tuple[int, str], _Patch] = {}
 _MISSING = object()
 
@@ -57,13 +59,6 @@ def undo(owner: Any, attr: str) -> None:
     """Restore one patched attribute (for tests)."""
     p = _PATCHES.pop((id(owner), attr))
     setattr(p.owner, p.attr, p.original)
-
-
-def undo_all() -> None:
-    """Restore every patched attribute (for tests)."""
-    for p in reversed(list(_PATCHES.values())):
-        setattr(p.owner, p.attr, p.original)
-    _PATCHES.clear()
 
 
 def _name(owner: Any) -> str:

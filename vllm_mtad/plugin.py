@@ -14,6 +14,8 @@ from vllm_mtad.version import __version__, check_vllm_version
 from vllm_mtad.log import get_logger
 
 logger = get_logger(__name__)
+# Module-level state: register() ran in this process (vLLM calls it once per process, and
+# again in some; patching twice would fail).
 _registered = False
 
 

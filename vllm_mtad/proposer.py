@@ -9,7 +9,9 @@ of the partially filled tail block, beams 1..W-1 in draft-only scratch blocks fr
 vllm_mtad.core's. The chosen beam's tokens go back to the runner; their draft log-probabilities
 go to :class:`vllm_mtad.sampler.MTADRejectionSampler` on the device through vLLM's own
 ``draft_probs`` channel (``take_last_draft_probs``), with a per-request store for the rare step
-that channel leaves empty.
+that channel leaves empty. What it knows of the requests (their settings, latest drafts, the
+step's rows) is the runner's :class:`vllm_mtad.request_state.MTADRequestState`, shared with the
+sampler.
 
 Vocabulary-wide work per beam step is one k-selection over each beam row's logits
 (:func:`vllm_mtad.core.processing.draft_candidates`); noise and selection then touch only the
@@ -30,70 +32,25 @@ from vllm.v1.spec_decode.draft_model import DraftModelProposer
 from vllm_mtad.beam_kv import BeamKVLayout, tail_blocks
 from vllm_mtad.config import from_additional_config
 from vllm_mtad.core import beam_step, best_beam, is_greedy, keep_rows
-from vllm_mtad.core.processing import (GREEDY_TEMPERATURE, CandidatePlan, draft_candidates,
-                                       plan_candidates)
+from vllm_mtad.core.processing import CandidatePlan, draft_candidates
 from vllm_mtad.log import get_logger
+from vllm_mtad.request_state import MTADRequestState, row_sampling_params
 from vllm_mtad.speculation import SpeculationController
 from vllm_mtad.timing import phase
 
 logger = get_logger(__name__)
 
 
-class DraftStore:
-    """Each request's latest draft (tokens and draft log-probs), on the device, for the rare
-    step where vLLM's ``draft_probs`` channel has none for it.
-
-    vLLM hands the last round's draft probabilities to the rejection sampler only when every
-    request in the step was in that round; a running request that the scheduler skipped for a
-    step is verified later against drafts from an earlier round. Rows are views into each
-    round's tensors (no copy, no host transfer).
-    """
-
-    def __init__(self):
-        self._rows: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # req_id -> ([γ], [γ])
-
-    def put(self, req_ids: list[str], tokens: torch.Tensor, logprobs: torch.Tensor,
-            active) -> None:
-        """tokens: [B, γ] int64, logprobs: [B, γ] float32; ``active``: the running requests
-        (entries of the others are dropped)."""
-        for b, req_id in enumerate(req_ids):
-            self._rows[req_id] = (tokens[b], logprobs[b])
-        for req_id in [r for r in self._rows if r not in active]:  # finished requests
-            del self._rows[req_id]
-
-    def lookup(self, req_ids: list[str], scheduled: torch.Tensor):
-        """Draft log-probs of the scheduled drafts, per request.
-
-        Args:
-            scheduled: [B, γ] int, the drafts being verified (-1: invalid or past the count).
-        Returns:
-            [B, γ] float32 log-probs (0 at -1 positions) and [B] bool: rows whose scheduled
-            drafts are this store's tokens (a request without an entry, e.g. a new one with no
-            drafts, or with other tokens, is False: its log-probs must not be used).
-        """
-        gamma = scheduled.shape[1]
-        dev = scheduled.device
-        none = (torch.full((gamma,), -2, dtype=torch.int64, device=dev),
-                torch.zeros(gamma, device=dev))
-        entries = [self._rows.get(r, none) for r in req_ids]
-        pad = lambda t, v: torch.nn.functional.pad(t[:gamma], (0, max(0, gamma - t.shape[0])),  # noqa: E731
-                                                   value=v)
-        tokens = torch.stack([pad(t.to(dev), -2) for t, _ in entries])
-        logprobs = torch.stack([pad(lp.to(dev), 0.0) for _, lp in entries])
-        invalid = scheduled < 0
-        matches = ((tokens == scheduled) | invalid).all(dim=1)
-        return logprobs.masked_fill(invalid, 0.0), matches
-
-
 class MTADProposer(DraftModelProposer):
-    def __init__(self, vllm_config, device, runner=None):
+    def __init__(self, vllm_config, device, state: MTADRequestState, runner=None):
+        # (vLLM's base class takes the runner and does not keep it; neither does this one.)
         super().__init__(vllm_config=vllm_config, device=device, runner=runner)
-        self.runner = runner  # the base class takes but does not keep it
         self.mtad = from_additional_config(vllm_config.additional_config)
-        self.drafts = DraftStore()
+        # The requests' facts (settings, drafts, the step's rows), shared with the sampler.
+        self.state = state
         self.scratch = None  # draft_scratch.ScratchPlan, set when the KV cache is allocated
-        # The policy's state and the requests' settings, shared with the rejection sampler.
-        self.speculation = SpeculationController(self.mtad, device)
+        # The policy's engine-wide state, shared with the rejection sampler.
+        self.speculation = SpeculationController(self.mtad, device, state)
         self._capture = False
         self._first_pass = None  # (token_indices_to_sample, common_attn_metadata)
         self._first_hidden = None  # [B, hidden] at the first draft position
@@ -141,19 +98,19 @@ class MTADProposer(DraftModelProposer):
         self._last_logprobs = None
         if num_speculative_tokens == 0:
             return super().propose(num_speculative_tokens=0, **kwargs)
-        spec = self.speculation
-        ib = self.runner.input_batch
+        spec, state = self.speculation, self.state
+        ib = state.input_batch
         B = kwargs["common_attn_metadata"].batch_size()
-        req_ids = list(ib.req_ids[:B])
+        req_ids = state.req_ids(B)
         # Host-side, per round: the requests' settings (from vLLM's own host arrays).
-        rows = spec.rows(ib, req_ids, self.runner.requests)
+        rows = state.rows(req_ids)
         exact_host, seed_list, greedy_host = rows.exact, rows.seeds, rows.greedy
         starts = ib.num_computed_tokens_cpu[:B]
         plan = spec.plan(rows.classes, int(kwargs["target_token_ids"].shape[0]), req_ids,
-                         starts, self.runner.requests)
+                         starts, state.requests)
         gamma = min(plan.num_tokens, num_speculative_tokens)
         W = plan.beam_width
-        gaps = spec.kv.step(req_ids, starts, drafting=gamma > 0)
+        gaps = state.kv.step(req_ids, starts, drafting=gamma > 0)
         if gamma == 0:  # this step drafts nothing: no draft forward (the KV catches up later)
             spec.drafting_done(B)
             return torch.empty(B, 0, dtype=torch.int64, device=self.device)
@@ -174,7 +131,7 @@ class MTADProposer(DraftModelProposer):
         dev = self._first_hidden.device
 
         seeds = torch.tensor(seed_list, dtype=torch.int64).to(dev)
-        temp, top_k, top_p = _row_sampling_params(sampling_metadata, B, dev)
+        temp, top_k, top_p = row_sampling_params(sampling_metadata, B, dev)
         greedy = is_greedy(temp)
         # [B] beams per row: one for exact rows (the draft's argmax chain).
         widths = torch.tensor([1 if e else W for e in exact_host], dtype=torch.int64).to(dev)
@@ -182,7 +139,7 @@ class MTADProposer(DraftModelProposer):
         p = self.positions[token_indices].to(torch.int64)  # [B] position of the bonus token
         logits = self.model.compute_logits(self._first_hidden)  # [B, V]
         V = logits.shape[-1]
-        _, plan_k = plan_for_batch(ib, B, V, W)
+        _, plan_k = state.batch_plan(B, V, W)
         any_sampled = not all(greedy_host)
         # Draft steps per row: the scheduler verifies at most max_model_len - L - 1 drafts of a
         # request with L tokens (its extra token must fit), so a row near the end of its
@@ -215,10 +172,10 @@ class MTADProposer(DraftModelProposer):
         else:
             spec.time_part(spec.costs.first_pass, first_size, mark)
         for req_id, e in zip(req_ids, exact_host):
-            spec.widths[req_id] = 1 if e else W
+            state.widths[req_id] = 1 if e else W
 
         self._last_logprobs = draft_logprobs[:, :, None].contiguous()
-        self.drafts.put(req_ids, tokens, draft_logprobs, self.runner.requests)
+        state.drafts.put(req_ids, tokens, draft_logprobs)
         self.stats["beam_steps_s"] += time.perf_counter() - beams_started
         self.stats["beam_steps"] += gamma - 1
         self.stats["rounds"] += 1
@@ -231,7 +188,7 @@ class MTADProposer(DraftModelProposer):
         ``gaps`` ({req_id: (valid, start)}), positions [valid, start) of its own tokens, as
         causal multi-token queries in one draft forward (more when they exceed the token
         budget). Writes the draft layers' KV only; no logits."""
-        ib = self.runner.input_batch
+        ib = self.state.input_batch
         bs = self.block_size
         budget = self.max_num_tokens
         todo = [(req_ids.index(r), a, b) for r, (a, b) in gaps.items()]
@@ -291,7 +248,7 @@ class MTADProposer(DraftModelProposer):
         row_width = None
         if ctx.gamma > 1:
             with phase("beam_kv"):
-                bt = self.runner.input_batch.block_table[self.kv_cache_gid]
+                bt = self.state.input_batch.block_table[self.kv_cache_gid]
                 num_blocks = torch.from_numpy(bt.num_blocks_per_row[:B].copy()).to(ctx.device)
                 scratch = self.scratch
                 room = scratch is not None and scratch.base is not None
@@ -393,7 +350,6 @@ def beam_attn_groups(groups, vllm_config, device, width: int) -> list:
         return list(groups)
     import copy
 
-    from vllm.config import CUDAGraphMode
     from vllm.v1.worker.utils import AttentionGroup
 
     cfg = copy.copy(vllm_config)  # shallow: model, cache and forward context stay shared
@@ -447,16 +403,6 @@ def _beams(token_ids: torch.Tensor | None, B: int, W: int) -> torch.Tensor | Non
     return None if token_ids is None else token_ids.view(B, W, -1)
 
 
-def plan_for_batch(input_batch, num_rows: int, vocab_size: int, beam_width: int
-                   ) -> tuple[list[bool], CandidatePlan]:
-    """Per batch, on the host: which rows are greedy, and how draft_candidates processes them,
-    from vLLM's own host arrays (temperature_cpu, top_k_cpu, top_p_cpu; no device read)."""
-    greedy = (input_batch.temperature_cpu[:num_rows] < GREEDY_TEMPERATURE).tolist()
-    return greedy, plan_candidates(vocab_size, beam_width, greedy,
-                                   input_batch.top_k_cpu[:num_rows].tolist(),
-                                   input_batch.top_p_cpu[:num_rows].tolist())
-
-
 def drafter_stats(worker) -> dict:
     """For ``LLM.collective_rpc(drafter_stats)``: the MTAD drafter's counters on a worker."""
     drafter = getattr(worker.model_runner, "drafter", None)
@@ -470,14 +416,3 @@ def drafter_stats(worker) -> dict:
             | {"sampler_" + k: v for k, v in getattr(sampler, "stats", {}).items()}
             | {"sampler_draft_store_misses": int(getattr(sampler, "store_misses", 0))}
             | drafter.speculation.snapshot())
-
-
-def _row_sampling_params(sampling_metadata, B: int, device):
-    """[B] temperature (0 = greedy), top-k and top-p (None when no row uses them)."""
-    if sampling_metadata.temperature is None:  # all greedy
-        temp = torch.zeros(B, dtype=torch.float32, device=device)
-    else:
-        temp = sampling_metadata.temperature[:B].to(torch.float32)
-    top_k = None if sampling_metadata.top_k is None else sampling_metadata.top_k[:B]
-    top_p = None if sampling_metadata.top_p is None else sampling_metadata.top_p[:B]
-    return temp, top_k, top_p

@@ -35,17 +35,17 @@ from vllm.v1.sample.rejection_sampler import RejectionSampler
 from vllm_mtad.config import MTADConfig
 from vllm_mtad.core import is_greedy, mtad_accept
 from vllm_mtad.core.processing import Candidates, draft_candidates
-from vllm_mtad.proposer import plan_for_batch
+from vllm_mtad.request_state import MTADRequestState, row_sampling_params
 from vllm_mtad.speculation import SpeculationController
 
 
 class MTADRejectionSampler(RejectionSampler):
-    def __init__(self, sampler, spec_config, device, runner, mtad: MTADConfig,
+    def __init__(self, sampler, spec_config, device, mtad: MTADConfig, state: MTADRequestState,
                  speculation: SpeculationController):
         super().__init__(sampler, spec_config, device)
-        self.runner = runner
         self.mtad = mtad
-        self.speculation = speculation  # the requests' settings; acceptance statistics
+        self.state = state  # the requests' settings and drafts, the step's rows
+        self.speculation = speculation  # the policy's acceptance statistics
         # Where each verify step's draft log-probs came from (read with drafter_stats()).
         self.stats = {"draft_probs_channel": 0, "draft_store": 0}
         # Rows judged without their draft's probabilities (device; read by drafter_stats only).
@@ -78,7 +78,7 @@ class MTADRejectionSampler(RejectionSampler):
 
         need_processed = (sampling_metadata.max_num_logprobs is not None
                           and self.is_processed_logprobs_mode)
-        target = _FlatTarget(metadata, target_logits, sampling_metadata, self.runner,
+        target = _FlatTarget(metadata, target_logits, sampling_metadata, self.state,
                              need_processed)
         output_token_ids = self._accept(metadata, target, bonus_token_ids, draft_probs,
                                         sampling_metadata)
@@ -95,12 +95,12 @@ class MTADRejectionSampler(RejectionSampler):
     def _accept(self, metadata, target: "_FlatTarget", bonus_token_ids, draft_probs,
                 sampling_metadata):
         B, gamma, dev = target.B, target.gamma, target.device
-        ib = self.runner.input_batch
-        req_ids = ib.req_ids[:B]
+        state = self.state
+        req_ids = state.req_ids(B)
         greedy = ~target.sampled
         drafts = target.drafts  # [B, γ], -1 past each request's own count
 
-        rows = self.speculation.rows(ib, req_ids, self.runner.requests)
+        rows = state.rows(req_ids)
         tau, exact, seeds = rows.tau, rows.exact, rows.seeds
         num_real = len(req_ids)
         if len(req_ids) < B:
@@ -113,7 +113,7 @@ class MTADRejectionSampler(RejectionSampler):
         draft_lp, known = self._draft_logprobs(draft_probs, target, req_ids)
         if known is not None:  # drafts MTAD did not make (no probabilities): accept none
             drafts = torch.where(known[:, None], drafts, -1)
-        positions = torch.from_numpy(ib.num_computed_tokens_cpu[:B].astype("int64")) + 1
+        positions = _positions(state.input_batch, B)
         to = lambda x, dtype: torch.tensor(x, dtype=dtype).to(dev, non_blocking=True)  # noqa: E731
         result = mtad_accept(
             drafts, draft_lp, target, to(tau, torch.float32), greedy, to(exact, torch.bool),
@@ -121,7 +121,7 @@ class MTADRejectionSampler(RejectionSampler):
             num_drafts=target.counts, bonus_token_ids=bonus_token_ids[:, 0],
             any_sampled=not sampling_metadata.all_greedy)
         if num_real:  # acceptance statistics of the speculation policy (device-side counts)
-            widths = [self.speculation.widths.get(r, self.mtad.beam_width) for r in req_ids]
+            widths = [state.widths.get(r, self.mtad.beam_width) for r in req_ids]
             accepted = (result.output_token_ids[:num_real] >= 0).sum(dim=1) - 1
             self.speculation.record_acceptance(rows.classes, widths, target.counts[:num_real],
                                                accepted)
@@ -145,7 +145,7 @@ class MTADRejectionSampler(RejectionSampler):
         # no longer does for MTAD runners: patch_gpu_model_runner). Those rows accept no draft
         # token (their step emits the target's own token), so MTAD never accepts a token its
         # draft did not propose.
-        logprobs, matches = self.runner.drafter.drafts.lookup(list(req_ids), target.drafts)
+        logprobs, matches = self.state.drafts.lookup(list(req_ids), target.drafts)
         self.stats["draft_store"] += 1
         self.store_misses += (~matches).sum()
         return torch.where(matches[:, None], logprobs, 0.0), matches
@@ -167,8 +167,8 @@ class _FlatTarget:
     the draft's q̃ break such ties the same way.
     """
 
-    def __init__(self, metadata, target_logits: torch.Tensor, sampling_metadata, runner,
-                 need_processed_logits: bool):
+    def __init__(self, metadata, target_logits: torch.Tensor, sampling_metadata,
+                 state: MTADRequestState, need_processed_logits: bool):
         counts = metadata.num_draft_tokens  # list, per request
         self.B, self.gamma = B, gamma = len(counts), metadata.max_spec_len
         self.device = dev = target_logits.device
@@ -183,8 +183,7 @@ class _FlatTarget:
         self.drafts = torch.where(self.valid, tok[self.flat], torch.full_like(self.flat, -1))
         tok = tok.clamp(min=0)  # (the rule ends a chain at -1; any value will do to gather)
 
-        temp = (torch.zeros(B, device=dev) if sampling_metadata.temperature is None
-                else sampling_metadata.temperature[:B].to(torch.float32))
+        temp, _, _ = row_sampling_params(sampling_metadata, B, dev)
         self.sampled = ~is_greedy(temp)  # [B]
         per_token = lambda x: None if x is None else x[:B].repeat_interleave(  # noqa: E731
             self.counts, output_size=N)
@@ -198,16 +197,11 @@ class _FlatTarget:
         self.cands = None  # Candidates over the N rows, when sparse
         self.processed_logits = None  # [N, V], when dense
         if not sampling_metadata.all_greedy:
-            _, plan = plan_for_batch(runner.input_batch, B, self.V, 1)
+            _, plan = state.batch_plan(B, self.V, 1)
             if plan.num_candidates is not None and not need_processed_logits:
-                cands = draft_candidates(target_logits, per_token(temp),
-                                         per_token(sampling_metadata.top_k),
-                                         per_token(sampling_metadata.top_p),
-                                         replace(plan, any_greedy=False))
-                # Ties at a row's k-th value past the K candidates (rare: the slack grows
-                # with k): vLLM's dense path instead. One host sync per step, only on top-k batches.
-                if not bool(cands.overflow.any()):
-                    self.cands = cands
+                self.cands = sparse_candidates_unless_overflow_host_sync(
+                    target_logits, per_token(temp), per_token(sampling_metadata.top_k),
+                    per_token(sampling_metadata.top_p), replace(plan, any_greedy=False))
             if self.cands is not None:
                 hit = self.cands.token_ids == tok[:, None]  # [N, K]
                 processed = torch.where(hit, self.cands.logprobs,
@@ -224,7 +218,15 @@ class _FlatTarget:
         self.token_logprobs = lp  # [N]
 
     def at_drafts(self, draft_token_ids):
-        return self.token_logprobs[self.flat], self.argmax[self.flat]
+        """The answers for this view's own drafts (``self.drafts``, read from vLLM's metadata
+        once): ``draft_token_ids`` must be those, with some positions set to -1 (drafts the
+        sampler refuses); the answers there are 0 and ignored by the rule."""
+        assert draft_token_ids.shape == self.drafts.shape, (
+            f"draft_token_ids must be [B, γ] = {tuple(self.drafts.shape)}, "
+            f"got {tuple(draft_token_ids.shape)}")
+        valid = draft_token_ids >= 0
+        return (torch.where(valid, self.token_logprobs[self.flat], 0.0),
+                torch.where(valid, self.argmax[self.flat], 0))
 
     def candidates_at(self, index):
         rows = self.flat.gather(1, index[:, None])[:, 0]  # [B] rows of the N
@@ -240,3 +242,20 @@ class _FlatTarget:
             return Candidates(lp, ids, no_overflow)
         logits = self.processed_logits[rows]  # [B, V]
         return Candidates(logits.log_softmax(dim=-1), None, no_overflow)
+
+
+def sparse_candidates_unless_overflow_host_sync(logits, temperature, top_k, top_p, plan):
+    """The processed distribution of the target rows as candidates (one k-selection per row),
+    or None when some row's ties at its k-th value reach past the K candidates (rare: the
+    slack grows with k); the caller then takes vLLM's dense path. Reading that flag is a host
+    sync: one per verify step, on batches where every sampled request uses top-k."""
+    cands = draft_candidates(logits, temperature, top_k, top_p, plan)
+    return None if bool(cands.overflow.any()) else cands
+
+
+def _positions(input_batch, num_rows: int) -> torch.Tensor:
+    """[num_rows] int64 on the host: each row's position after its computed tokens (rows of
+    vLLM's warm-up before any step: 1)."""
+    if input_batch is None:
+        return torch.ones(num_rows, dtype=torch.int64)
+    return torch.from_numpy(input_batch.num_computed_tokens_cpu[:num_rows].astype("int64")) + 1

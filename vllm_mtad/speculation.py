@@ -2,15 +2,16 @@
 draft KV is behind.
 
 One :class:`SpeculationController` per MTAD runner, created by the drafter and handed to the
-rejection sampler (patches/worker/patch_gpu_model_runner.py). It holds:
+rejection sampler (patches/worker/patch_gpu_model_runner.py). It holds the engine-wide part:
 
-- the requests' MTAD settings (τ, greedy mode, seed), resolved once per request;
 - the cost models and acceptance statistics of :mod:`vllm_mtad.core.policy`, fed by
   :class:`StepClock` timings of each step's parts and by a device histogram of accepted
   lengths that the sampler fills (read on the host every ``stats_period`` steps);
-- :class:`DraftKVTracker`: which requests skipped draft steps (γ = 0), so that their draft KV
-  catches up in one batched draft pass when they next draft;
 - counters of the (W, γ) chosen, for ``drafter_stats`` and the periodic log line.
+
+The per-request part (the requests' settings, which requests skipped draft steps so that their
+draft KV catches up when they next draft, the beams of each request's latest draft) is in
+:class:`vllm_mtad.request_state.MTADRequestState`.
 
 Timing: on CPU, ``time.perf_counter``; on CUDA, events recorded on the stream and read one
 step later (no host sync). Step parts: *verify* (from the runner's input preparation to the
@@ -21,41 +22,21 @@ work included) by rows, and the *rest* (bookkeeping, scheduling) by requests.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import Counter
-from dataclasses import dataclass
 
 import torch
 
-from vllm_mtad.config import MTADConfig, request_settings
+from vllm_mtad.config import MTADConfig
 from vllm_mtad.core import policy
-from vllm_mtad.core.processing import GREEDY_TEMPERATURE
 from vllm_mtad.log import get_logger
+# DraftKVTracker and request_seed: per-request, defined with the request state.
+from vllm_mtad.request_state import DraftKVTracker, MTADRequestState, request_seed  # noqa: F401
 
 logger = get_logger(__name__)
 
 CLASS_INDEX = {c: i for i, c in enumerate(policy.CLASSES)}
 LOG_EVERY_STEPS = 2000
-
-
-def request_seed(sampling_params, req_id: str) -> int:
-    """The request's seed, or a stable hash of its id (identical on every TP rank)."""
-    seed = getattr(sampling_params, "seed", None)
-    if seed is not None:
-        return int(seed)
-    return int.from_bytes(hashlib.blake2b(req_id.encode(), digest_size=8).digest(), "little") >> 1
-
-
-@dataclass
-class Rows:
-    """Per batch row, on the host."""
-
-    tau: list[float]
-    exact: list[bool]  # greedy acceptance "exact"
-    seeds: list[int]
-    greedy: list[bool]  # temperature 0
-    classes: list[str]  # policy.CLASSES: "sampled", "joint" or "exact"
 
 
 class StepClock:
@@ -81,73 +62,20 @@ class StepClock:
         return start.elapsed_time(end) / 1e3
 
 
-class DraftKVTracker:
-    """Which requests' draft KV lags the target's, on the host.
-
-    A request is *current* when the draft has processed every token before the step's first
-    query position (``start``): true after any step whose first draft pass included it. In a
-    step without drafting it becomes *stale* with its draft KV valid below ``start`` (the
-    previous first pass wrote the token at ``start``; one token of slack costs nothing). When
-    it next drafts, the tokens [valid, start) are fed to the draft first (a catch-up pass).
-    A request first seen with tokens already computed (a prefix-cache hit, or resumed after
-    preemption) once any step has skipped drafting is taken as stale from 0: its cached blocks
-    may have been filled in a step the draft skipped.
-    """
-
-    def __init__(self):
-        self.valid: dict[str, int] = {}  # stale requests: draft KV valid for positions < value
-        self.last_start: dict[str, int] = {}
-        self.skipped_any = False
-
-    def _valid(self, req_id: str, start: int) -> int | None:
-        """Where the request's draft KV stops being valid, None if it is current."""
-        last = self.last_start.get(req_id)
-        if (last is None or start < last) and start > 0 and self.skipped_any:
-            return 0  # unknown history: recompute the draft KV
-        return self.valid.get(req_id)
-
-    def step(self, req_ids, starts, drafting: bool) -> dict[str, tuple[int, int]]:
-        """Update for one step; returns {req_id: (valid, start)} to catch up (drafting only)."""
-        gaps = {}
-        for req_id, start in zip(req_ids, starts):
-            start = int(start)
-            valid = self._valid(req_id, start)
-            self.last_start[req_id] = start
-            if drafting:
-                self.valid.pop(req_id, None)
-                if valid is not None and valid < start:
-                    gaps[req_id] = (valid, start)
-            else:
-                self.valid[req_id] = start if valid is None else valid
-        if not drafting:
-            self.skipped_any = True
-        return gaps
-
-    def owed(self, req_ids, starts) -> dict[str, int]:
-        """{req_id: tokens} the draft would catch up on if this step drafted (what
-        ``step(..., drafting=True)`` would return, without recording the step)."""
-        out = {}
-        for req_id, start in zip(req_ids, starts):
-            valid = self._valid(req_id, int(start))
-            if valid is not None and valid < int(start):
-                out[req_id] = int(start) - valid
-        return out
-
-    def prune(self, live) -> None:
-        for d in (self.valid, self.last_start):
-            for r in [r for r in d if r not in live]:
-                del d[r]
-
-
 class SpeculationController:
-    def __init__(self, cfg: MTADConfig, device: torch.device):
+    """The policy's engine-wide state (cost models, acceptance statistics, chosen plans); the
+    per-request bookkeeping it reads (where each request's draft KV stops, the beams of its
+    latest draft) is in ``requests``, the runner's :class:`MTADRequestState`."""
+
+    def __init__(self, cfg: MTADConfig, device: torch.device,
+                 requests: MTADRequestState | None = None):
         self.cfg = cfg
+        self.requests = MTADRequestState(cfg) if requests is None else requests
         self.adaptive = cfg.speculation_policy == "adaptive"
         G, W = cfg.num_speculative_tokens, cfg.beam_width
         self.bounds = policy.Bounds(W, G, cfg.min_beam_width, cfg.min_speculative_tokens)
         self.costs = policy.CostModel()
         self.stats = policy.new_stats(W, G)
-        self.kv = DraftKVTracker()
         self.clock = StepClock(device)
         self.device = device
         self.steps = 0
@@ -159,8 +87,6 @@ class SpeculationController:
                                  device=device)
         self._hist_read = [0] * self._hist.numel()
         self.stats_period = 8 if device.type == "cuda" else 1
-        self._settings: dict[str, tuple[float, bool, int]] = {}  # req_id -> (τ, exact, seed)
-        self.widths: dict[str, int] = {}  # req_id -> beams of its latest draft
         self._pending: list = []  # (cost model, size, start mark, end mark)
         self._step_start = None
         self._last_end = None
@@ -170,38 +96,6 @@ class SpeculationController:
         # A cycle of (W, γ) to use instead of the policy's choice: for tests and benchmarks that
         # need a known schedule (set with force_plans()).
         self.forced: list[tuple[int, int]] | None = None
-
-    # --- requests -------------------------------------------------------------------------
-    def rows(self, input_batch, req_ids, requests) -> "Rows":
-        """The batch rows' settings: τ, exact-greedy flag and noise seed of each request
-        (resolved once per request; a bad override was refused in the front end, here it falls
-        back to the engine's), whether it is greedy (vLLM's host temperatures) and its class
-        for the policy. Forgets finished requests once the store has grown."""
-        tau, exact, seeds = [], [], []
-        for req_id in req_ids:
-            s = self._settings.get(req_id)
-            if s is None:
-                params = requests[req_id].sampling_params
-                try:
-                    t, mode = request_settings(params.extra_args, self.cfg)
-                except ValueError:
-                    t, mode = self.cfg.acceptance_threshold, self.cfg.greedy_acceptance
-                s = self._settings[req_id] = (t, mode == "exact", request_seed(params, req_id))
-            tau.append(s[0])
-            exact.append(s[1])
-            seeds.append(s[2])
-        if len(self._settings) > 4 * max(len(req_ids), 16):
-            self._prune(requests)
-        greedy = (input_batch.temperature_cpu[:len(req_ids)] < GREEDY_TEMPERATURE).tolist()
-        classes = [("exact" if e else "joint") if g else "sampled" for g, e in zip(greedy, exact)]
-        return Rows(tau, exact, seeds, greedy, classes)
-
-    def _prune(self, live) -> None:
-        """Forget finished requests (``live``: the runner's requests)."""
-        for d in (self._settings, self.widths):
-            for r in [r for r in d if r not in live]:
-                del d[r]
-        self.kv.prune(live)
 
     # --- timing ---------------------------------------------------------------------------
     def on_step_start(self) -> None:
@@ -310,7 +204,8 @@ class SpeculationController:
         elif self.adaptive:
             if self.steps % self.stats_period == 0:
                 self._read_acceptance()
-            owed = self.kv.owed(req_ids, starts) if self.kv.skipped_any else {}
+            kv = self.requests.kv
+            owed = kv.owed(req_ids, starts) if kv.skipped_any else {}
             left = [_tokens_left(requests[r]) for r in req_ids] if requests is not None else []
             batch = policy.Batch.from_step(
                 classes, scheduled_tokens, self._verified_drafts, sum(owed.values()),

@@ -89,6 +89,8 @@ class PhaseTimers:
         self._stack.clear()
 
 
+# Module-level state: this process's phase counters; the wrapped vLLM methods and forward
+# hooks charge them, and LLM.collective_rpc(phase_times) reads them per process.
 TIMERS = PhaseTimers()
 
 

@@ -13,7 +13,8 @@ How: only when vllm_mtad.timing.TIMERS.enabled (env VLLM_MTAD_PHASE_TIMERS=1); o
     vllm_mtad.timing: execute_model and sample_tokens -> "step", propose_draft_token_ids ->
     "draft_other", _sample -> "sampler", _sample_draft_tokens -> "draft_vocab". On a runner's
     first execute_model it attaches torch forward pre-hooks/hooks (once per module, by
-    identity) to the target model and its ``logits_processor`` (compute_logits runs outside
+    identity; which runners and modules are hooked is kept in this module, not on vLLM's
+    objects) to the target model and its ``logits_processor`` (compute_logits runs outside
     the forward) -> "target_forward", and to the drafter's model and its logits_processor ->
     "draft_forward" (a module shared with the target stays the target's). The counters are
     exclusive, so nested phases are charged to themselves only. apply() runs with the worker
@@ -31,14 +32,16 @@ Removal: when vLLM reports per-phase step timings for speculative decoding itsel
 from __future__ import annotations
 
 import functools
+import weakref
 
 from vllm_mtad import patching
 from vllm_mtad.timing import TIMERS
 
 _RUNNER_PHASES = {"execute_model": "step", "sample_tokens": "step",
                   "propose_draft_token_ids": "draft_other", "_sample": "sampler"}
-_HOOKED = "_mtad_phase_hooks"  # runner attribute: the hook handles, once attached
-_MODULE_PHASE = "_mtad_phase"  # module attribute: the phase its hooks charge
+# Kept here, not as attributes on vLLM's objects; weak, so a finished engine leaves nothing:
+_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # runner -> hook handles
+_MODULE_PHASE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its phase
 
 
 def _timed(name: str, attach=None):
@@ -71,16 +74,22 @@ def _unwrap(model):
 
 
 def _hook(module, name: str, handles: list) -> None:
-    if module is None or getattr(module, _MODULE_PHASE, None) is not None:
+    if module is None or module in _MODULE_PHASE:
         return  # already timed (by this runner's target, or an earlier attach)
     handles.append(module.register_forward_pre_hook(lambda m, a: TIMERS.push(name)))
     handles.append(module.register_forward_hook(lambda m, a, o: TIMERS.pop(), always_call=True))
-    setattr(module, _MODULE_PHASE, name)
+    _MODULE_PHASE[module] = name
+
+
+def hook_handles(runner) -> list | None:
+    """The forward-hook handles attached to ``runner``'s models, None before the first
+    attach."""
+    return _HOOKS.get(runner)
 
 
 def attach_model_hooks(runner) -> None:
     """Time the target's and the drafter's forwards and logits (once per runner and module)."""
-    if getattr(runner, _HOOKED, None) is not None:
+    if runner in _HOOKS:
         return
     handles: list = []
     target = _unwrap(getattr(runner, "model", None))
@@ -91,7 +100,7 @@ def attach_model_hooks(runner) -> None:
     if draft is not None and draft is not target:
         _hook(draft, "draft_forward", handles)
         _hook(getattr(draft, "logits_processor", None), "draft_forward", handles)
-    setattr(runner, _HOOKED, handles)
+    _HOOKS[runner] = handles
 
 
 def _sampler_owner():

@@ -94,7 +94,9 @@ def _gumbel_dense_eager(keys: torch.Tensor, num_cols: int) -> torch.Tensor:
     return (-torch.log(-torch.log(uniform(keys, num_cols)))).to(torch.float32)
 
 
-_compiled = None  # the compiled dense kernel, False once compiling failed
+# Module-level state: the compiled dense kernel, compiled once per process on first use (a
+# torch.compile per engine would cost seconds each); False once compiling failed.
+_compiled = None
 
 
 def _dense_kernel():

@@ -34,9 +34,34 @@ import torch
 GREEDY_TEMPERATURE = 1e-5
 
 
-def is_greedy(temperature: torch.Tensor) -> torch.Tensor:
-    """[num_rows] bool: rows decoded greedily."""
+def is_greedy(temperature):
+    """[num_rows] bool: rows decoded greedily. ``temperature``: [num_rows], a tensor (on any
+    device) or vLLM's host array (numpy); the answer is of the same kind."""
     return temperature < GREEDY_TEMPERATURE
+
+
+def greedy_and_divisor(temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[num_rows] bool greedy rows, and [num_rows] float32 temperature to divide the logits
+    by (1 for greedy rows, whose logits stay unscaled)."""
+    greedy = is_greedy(temperature)
+    divisor = torch.where(greedy, torch.ones_like(temperature), temperature).to(torch.float32)
+    return greedy, divisor
+
+
+def _top_k_active(top_k: torch.Tensor, greedy: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[num_rows] bool: rows whose top-k removes tokens (vLLM: 0 < k < V, sampled rows)."""
+    return ~greedy & (top_k > 0) & (top_k < vocab_size)
+
+
+def _mask_top_p(ascending: torch.Tensor, top_p: torch.Tensor, active: torch.Tensor
+                ) -> torch.Tensor:
+    """vLLM's top-p rule on logits sorted ascending along each row ([rows, n]): the tokens whose
+    cumulative probability stays within 1 - top_p get -inf; the most likely token always
+    survives. ``active``: [rows] bool, the rows it applies to."""
+    cum = ascending.softmax(dim=-1).cumsum(dim=-1)
+    drop = cum <= (1 - top_p.to(torch.float32))[:, None]
+    drop[:, -1] = False  # the most likely token always survives
+    return ascending.masked_fill(active[:, None] & drop, float("-inf"))
 
 
 def processed_logprobs(
@@ -65,8 +90,7 @@ def processed_logprobs(
         assert t is None or t.shape == (num_rows,), f"{name} must be [{num_rows}], got {tuple(t.shape)}"
 
     logits = logits.to(torch.float32)
-    greedy = is_greedy(temperature)
-    temp = torch.where(greedy, torch.ones_like(temperature), temperature).to(torch.float32)
+    greedy, temp = greedy_and_divisor(temperature)
     scaled = logits / temp[:, None]
 
     if min_p is not None:
@@ -81,17 +105,13 @@ def processed_logprobs(
         sorted_logits, order = scaled.sort(dim=-1, descending=False, stable=True)
         if top_k is not None:
             k = top_k.to(torch.int64)
-            k_active = ~greedy & (k > 0) & (k < vocab_size)
+            k_active = _top_k_active(k, greedy, vocab_size)
             k_idx = (vocab_size - k.clamp(1, vocab_size))[:, None]
             kth = sorted_logits.gather(1, k_idx)
             sorted_logits = sorted_logits.masked_fill(k_active[:, None] & (sorted_logits < kth),
                                                       float("-inf"))
         if top_p is not None:
-            p_active = ~greedy & (top_p < 1)
-            cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-            drop = cum <= (1 - top_p.to(torch.float32))[:, None]
-            drop[:, -1] = False  # the most likely token always survives
-            sorted_logits = sorted_logits.masked_fill(p_active[:, None] & drop, float("-inf"))
+            sorted_logits = _mask_top_p(sorted_logits, top_p, ~greedy & (top_p < 1))
         scaled = torch.empty_like(scaled).scatter_(1, order, sorted_logits)
 
     return scaled.log_softmax(dim=-1)
@@ -183,8 +203,7 @@ def draft_candidates(
         return Candidates(dense_processed_logprobs(logits, temperature, top_k, top_p, plan),
                           None, torch.zeros(R, dtype=torch.bool, device=logits.device))
     K = plan.num_candidates
-    greedy = is_greedy(temperature)
-    temp = torch.where(greedy, torch.ones_like(temperature), temperature).to(torch.float32)
+    greedy, temp = greedy_and_divisor(temperature)
     # [R, K] descending; ties in an order fixed below.
     values, ids = logits.topk(K, dim=-1)
     values = values.to(torch.float32)
@@ -212,12 +231,8 @@ def draft_candidates(
     if top_p is not None:
         # vLLM's rule on the top-k-truncated distribution, in ascending order (the K
         # candidates reversed; tokens outside them have probability 0 and add nothing).
-        asc = masked.flip(1)
-        cum = asc.softmax(dim=-1).cumsum(dim=-1)
-        drop = cum <= (1 - top_p.to(torch.float32))[:, None]
-        drop[:, -1] = False  # the most likely token always survives
-        p_active = (top_p < 1)[:, None]
-        masked = asc.masked_fill(p_active & drop, float("-inf")).flip(1)
+        # (Greedy rows are replaced by greedy_lp below.)
+        masked = _mask_top_p(masked.flip(1), top_p, top_p < 1).flip(1)
     lp = masked.log_softmax(dim=-1)
     if greedy_lp is not None:
         lp = torch.where(greedy[:, None], greedy_lp, lp)
@@ -236,12 +251,11 @@ def dense_processed_logprobs(logits: torch.Tensor, temperature: torch.Tensor,
     if plan.any_top_p:
         return processed_logprobs(logits, temperature, top_k, top_p)
     R, V = logits.shape
-    greedy = is_greedy(temperature)
-    temp = torch.where(greedy, torch.ones_like(temperature), temperature).to(torch.float32)
+    greedy, temp = greedy_and_divisor(temperature)
     scaled = logits.to(torch.float32) / temp[:, None]
     if top_k is not None and plan.max_top_k > 0:
         k = top_k.to(torch.int64)
-        k_active = ~greedy & (k > 0) & (k < V)
+        k_active = _top_k_active(k, greedy, V)
         k_sel = min(plan.max_top_k, V)
         top = scaled.topk(k_sel, dim=-1).values  # [R, k_sel]
         kth = top.gather(1, (k.clamp(1, k_sel) - 1)[:, None])
