@@ -14,7 +14,7 @@ from tests.engine_utils import close, generate_ids, make_llm, mtad_spec, spec_co
 from tests.helpers import chi_square_pvalue
 from vllm_mtad.config import MTADConfig
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.engine
 
 # Prompts of different lengths; with block size 32 and 40 new tokens, beams cross blocks.
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 50)), [100] * 3, list(range(200, 262))]
@@ -385,35 +385,6 @@ def test_engine_config_plumbing(tiny_pair_dirs):
     assert lookahead == 5  # vLLM's own (γ): the beams' tails are in draft-only blocks
 
 
-@pytest.mark.parametrize("change,key", [
-    ({"beam_width": 0}, "beam_width"),
-    ({"acceptance_threshold": 0.0}, "acceptance_threshold"),
-    ({"acceptance_threshold": 1.5}, "acceptance_threshold"),
-    ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
-    ({"greedy_acceptance": "fast"}, "greedy_acceptance"),
-    ({"draft_sample_method": "probabilistic"}, "draft_sample_method"),
-    ({"beam_width": 64}, "beam_width"),  # 64 x 8 rows > max_num_batched_tokens = 256
-])
-def test_bad_config_fails_at_startup_naming_the_key(tiny_pair_dirs, change, key):
-    target_dir, draft_dir = tiny_pair_dirs
-    spec = {**mtad_spec(draft_dir), **change}
-    with pytest.raises(Exception) as err:
-        make_llm(target_dir, spec, max_num_batched_tokens=256)
-    assert key in str(err.value), str(err.value)
-
-
-def test_draft_with_another_vocabulary_is_refused(tiny_pair_dirs, tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    target_dir, draft_dir = tiny_pair_dirs
-    draft = AutoModelForCausalLM.from_pretrained(draft_dir)
-    draft.resize_token_embeddings(draft.config.vocab_size + 64)
-    draft.save_pretrained(tmp_path / "draft")
-    AutoTokenizer.from_pretrained(draft_dir).save_pretrained(tmp_path / "draft")
-    with pytest.raises(Exception, match="vocabulary size"):
-        make_llm(target_dir, mtad_spec(tmp_path / "draft"))
-
-
 EXPAND_CHECK = """
 import sys
 from tests.engine_utils import make_llm, generate_ids, spec_counters
@@ -566,20 +537,3 @@ def test_drafting_through_the_end_of_the_context(tiny_pair_dirs, tiny_pair, widt
                             ref.Sampling(temperature=0.0), max_len=max_len).token_ids
         assert alone == want and together == want
     assert stats["sampler_draft_store_misses"] == 0  # no verified draft without probabilities
-
-
-def test_the_reference_context_limit_changes_the_last_rounds(tiny_pair):
-    """The reference's max_len is not a no-op: near the end it drafts shorter searches, and
-    the output differs from the unlimited one for some prompt (else the test above would not
-    test the boundary)."""
-    cfg = MTADConfig(4, 4, 0.5)
-    differ = 0
-    for n in (216, 243, 250, 254):
-        prompt = list(range(10, 10 + n))
-        a = ref.generate(*tiny_pair, prompt, 256 - n, cfg, ref.Sampling(temperature=0.0))
-        b = ref.generate(*tiny_pair, prompt, 256 - n, cfg, ref.Sampling(temperature=0.0),
-                         max_len=256)
-        assert len(b.token_ids) == 256 - n
-        assert all(len(d) <= 256 - n for d in b.drafts)
-        differ += a.token_ids != b.token_ids
-    assert differ > 0

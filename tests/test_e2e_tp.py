@@ -20,7 +20,7 @@ from tests.tp_run import PROMPTS, run
 from devtools import reference as ref
 from vllm_mtad.config import MTADConfig
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.system
 
 
 def run_tp2(target_dir, draft_dir, policy="fixed"):

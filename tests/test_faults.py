@@ -1,8 +1,9 @@
 """A wrong setup fails at startup with a message naming the setting and what to change; a dead
 worker under the server is reported and the server exits instead of hanging.
 
-In-process engines (LLM()) on the tiny pair for the startup faults; the real server for the
-killed worker.
+The startup faults stop LLM() before it builds an engine, so they are tested on its first step
+(tests.engine_utils.engine_config, no model loaded); one in-process engine checks that a
+fitting setup starts; the real server for the killed worker.
 """
 
 from __future__ import annotations
@@ -12,15 +13,13 @@ import shutil
 
 import pytest
 
-from tests.engine_utils import close, make_llm, mtad_spec
-
-pytestmark = pytest.mark.e2e
+from tests.engine_utils import close, engine_config, make_llm, mtad_spec
 
 
 def _refused(target_dir, spec, **kwargs) -> str:
+    """The error ``make_llm(target_dir, spec, **kwargs)`` stops with before any engine exists."""
     with pytest.raises(Exception) as err:
-        llm = make_llm(target_dir, spec, **kwargs)
-        close(llm)
+        engine_config(target_dir, spec, **kwargs)
     return str(err.value)
 
 
@@ -34,12 +33,14 @@ def _draft_copy(draft_dir, tmp_path, file: str, change) -> str:
     return copy
 
 
+@pytest.mark.unit
 def test_missing_draft_directory(tiny_pair_dirs, tmp_path):
     target_dir, _ = tiny_pair_dirs
     msg = _refused(target_dir, mtad_spec(tmp_path / "no-such-draft"))
     assert "MTAD setting 'model'" in msg and "does not exist" in msg, msg
 
 
+@pytest.mark.unit
 def test_unreadable_draft_config(tiny_pair_dirs, tmp_path):
     target_dir, draft_dir = tiny_pair_dirs
     broken = tmp_path / "draft"
@@ -49,6 +50,7 @@ def test_unreadable_draft_config(tiny_pair_dirs, tmp_path):
     assert "MTAD setting 'model'" in msg and "config.json" in msg, msg
 
 
+@pytest.mark.unit
 def test_draft_with_another_tokenizer(tiny_pair_dirs, tmp_path):
     """Same vocabulary size, two tokens' ids swapped: vLLM would run it, MTAD refuses."""
     target_dir, draft_dir = tiny_pair_dirs
@@ -63,12 +65,14 @@ def test_draft_with_another_tokenizer(tiny_pair_dirs, tmp_path):
     assert "MTAD setting 'model'" in msg and "tokenizer differs" in msg, msg
 
 
+@pytest.mark.unit
 def test_gamma_that_cannot_fit_max_model_len(tiny_pair_dirs):
     target_dir, draft_dir = tiny_pair_dirs
     msg = _refused(target_dir, mtad_spec(draft_dir, gamma=300), max_model_len=256)
     assert "num_speculative_tokens" in msg and "max_model_len" in msg, msg
 
 
+@pytest.mark.engine
 def test_draft_whose_context_is_shorter_than_max_model_len(tiny_pair_dirs, tmp_path):
     """vLLM would start and silently stop drafting past the draft's 256 positions."""
     target_dir, draft_dir = tiny_pair_dirs
@@ -81,6 +85,7 @@ def test_draft_whose_context_is_shorter_than_max_model_len(tiny_pair_dirs, tmp_p
     close(llm)
 
 
+@pytest.mark.system
 def test_worker_killed_under_the_server(tiny_pair_dirs, tmp_path):
     """SIGKILL the model-runner process mid-stream: the open stream ends with an error, new
     requests are refused, and the server exits (no hang)."""

@@ -14,7 +14,7 @@ from benchmarks.server import free_port, running_server, serve_command, serve_en
 from devtools import reference as ref
 from vllm_mtad.config import MTADConfig
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.system
 
 GAMMA, WIDTH, TAU = 4, 4, 0.5
 
