@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
-# The test suite: set up .venv, then run the default (non-slow) tests. Extra arguments go to
-# pytest, e.g. `bash scripts/test.sh -m slow` for the slow tier.
+# The test suite: set up .venv, then run the default run: the unit, engine and system tiers
+# (pytest.ini), slow tests left out, with the 25 slowest tests listed at the end. Extra arguments
+# go to pytest: `bash scripts/test.sh -m unit` runs one tier (likewise engine, system; slow tests
+# stay out unless the -m expression names slow), `bash scripts/test.sh -m slow` the slow tests,
+# `bash scripts/test.sh tests/test_beam.py` one file.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
-if [ "$#" -eq 0 ]; then set -- -m "not slow"; fi
-exec python -m pytest "$@"
+args=() marks=""
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    -m) marks="$2"; shift 2 ;;
+    -m*) marks="${1#-m}"; shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+if [ -z "$marks" ]; then marks="not slow"
+elif [[ "$marks" != *slow* ]]; then marks="($marks) and not slow"; fi
+exec python -m pytest -m "$marks" --durations=25 "${args[@]}"

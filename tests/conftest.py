@@ -10,6 +10,36 @@ import pytest
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# The tiers (pytest.ini): what a test needs to run. Every test has exactly one; `slow` is an
+# extra marker on a test of any tier that keeps it out of the default run.
+TIERS = ("unit", "engine", "system")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Fail the collection (before -m selects anything) if a test has no tier or several."""
+    bad = []
+    for item in items:
+        tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+        if len(tiers) != 1:
+            bad.append(f"{item.nodeid}: {', '.join(tiers) or 'no tier'}")
+    if bad:
+        raise pytest.UsageError(
+            "every test needs exactly one tier marker (" + ", ".join(TIERS) + "; see pytest.ini"
+            "), usually as the module's pytestmark:\n  " + "\n  ".join(bad))
+
+
+def pytest_runtest_setup(item):
+    from tests import engine_utils
+
+    engine_utils.CURRENT_TIER = next(m.name for m in item.iter_markers() if m.name in TIERS)
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests import engine_utils
+
+    terminalreporter.write_line(f"in-process vLLM engines built: {engine_utils.BUILDS['engines']}")
+
 
 @pytest.fixture(scope="session")
 def tiny_pair_dirs(tmp_path_factory):
@@ -25,3 +55,14 @@ def tiny_pair(tiny_pair_dirs):
     from devtools.tiny_models import load_pair
 
     return load_pair(*tiny_pair_dirs)
+
+
+@pytest.fixture(scope="module")
+def engines():
+    """The module's shared engines (tests.engine_utils.SharedEngines): ``engines.get(target,
+    spec, **make_llm_kwargs)``, shut down when the module's tests are done."""
+    from tests.engine_utils import SharedEngines
+
+    shared = SharedEngines()
+    yield shared
+    shared.close()

@@ -16,7 +16,7 @@ from tests.helpers import chi_square_pvalue
 from vllm_mtad.core import acceptance
 from vllm_mtad.core.acceptance import accepted_lengths, extra_tokens, mtad_accept
 
-pytestmark = pytest.mark.core
+pytestmark = pytest.mark.unit
 
 NEG_INF = float("-inf")
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.engine_utils import close, generate_ids, make_llm, mtad_spec, spec_counters
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.engine
 
 PROMPTS = [[1 + (i * 7 + j) % 50 for j in range(5 + 3 * i)] for i in range(6)]
 # Steps of (W, γ): full, then three steps without drafting (a gap of two tokens and more),

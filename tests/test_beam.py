@@ -13,7 +13,7 @@ from tests.helpers import (ToyLM, brute_force_best, chi_square_pvalue, core_draf
                            ordered_draw_probability, set_draw_probabilities)
 from vllm_mtad.core import BeamState, beam_step, best_beam, keep_rows
 
-pytestmark = pytest.mark.core
+pytestmark = pytest.mark.unit
 
 # --- One sampled step: empirical frequencies against the exact probabilities ----------------
 

@@ -11,7 +11,7 @@ import torch
 
 from vllm_mtad.beam_kv import BeamKVLayout, scratch_blocks, tail_blocks
 
-pytestmark = pytest.mark.core
+pytestmark = pytest.mark.unit
 
 PREFIX = 1_000_000  # cache value of request b's prefix position i: PREFIX·(b+1) + i
 POOL = 64  # the shared pool's blocks; draft-only scratch blocks follow at POOL ..

@@ -12,8 +12,6 @@ import pytest
 
 from vllm_mtad.version import series_of
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).parent.parent
 
 
@@ -25,6 +23,7 @@ def run_module(args, tmp_path, timeout=600, with_stderr=False):
     return (proc.stdout, proc.stderr) if with_stderr else proc.stdout
 
 
+@pytest.mark.system
 def test_compare_quick_on_tiny_pair(tmp_path):
     run_module(["benchmarks.compare", "--tiny", "--quick", "--humaneval", "2", "--chat", "1",
                 "--max-tokens", "16", "--out", str(tmp_path / "out")], tmp_path)
@@ -55,6 +54,7 @@ def test_compare_quick_on_tiny_pair(tmp_path):
     assert (tmp_path / "out" / "acceptance_by_method.png").stat().st_size > 1000
 
 
+@pytest.mark.system
 def test_draft_phase_quick(tmp_path):
     run_module(["benchmarks.draft_phase", "--quick", "--new-tokens", "16", "--out",
                 str(tmp_path / "out")], tmp_path)
@@ -69,6 +69,7 @@ def test_draft_phase_quick(tmp_path):
     assert (tmp_path / "out" / "draft_phase.png").exists()
 
 
+@pytest.mark.unit
 def test_compare_speed_only_plan():
     # Importing the benchmark sets environment defaults (phase timers on): keep them out of
     # this test process.
@@ -91,6 +92,7 @@ def test_compare_speed_only_plan():
     assert plan[2][1]["beam_width"] == 4
 
 
+@pytest.mark.system
 def test_demo_tiny(tmp_path):
     out = run_module(["devtools.demo", "--tiny", "--max-tokens", "16"], tmp_path)
     table = [line for line in out.splitlines() if line.startswith("| ")]
@@ -99,6 +101,7 @@ def test_demo_tiny(tmp_path):
     assert "MTAD" in mtad_row[1] and 1 <= float(mtad_row[4]) <= 5
 
 
+@pytest.mark.system
 def test_vocab_kernels_runs(tmp_path):
     """The kernel benchmark runs and reports every piece (its figures are for reading, not for
     asserting: speed is measured by the benchmark, not by a test)."""
@@ -110,6 +113,7 @@ def test_vocab_kernels_runs(tmp_path):
     assert (tmp_path / "out" / "vocab_kernels.md").read_text().count("\n|") == 7
 
 
+@pytest.mark.system
 def test_kv_cost_beams_reserve_nothing_in_the_target_layers(tmp_path):
     """The issue's KV-cost workload on the tiny pair (24 MiB of KV, 32 sequences, 64 requests of
     96 + 64 tokens): MTAD's scheduler lookahead equals vLLM SD's, its draft-only scratch is the
@@ -136,6 +140,7 @@ def test_kv_cost_beams_reserve_nothing_in_the_target_layers(tmp_path):
     assert len(lines) == 1 and "192 draft-only KV blocks (9.00 MiB)" in lines[0], lines
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_policy_grid_on_tiny_pair(tmp_path):
     run_module(["benchmarks.policy_grid", "--tiny", "--batches", "1", "2", "--tokens", "12",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.docs
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).parent.parent
 SOURCES = [p for pattern in ("vllm_mtad/**/*.py", "patches/**/*.py", "devtools/*.py",

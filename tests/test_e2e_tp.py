@@ -20,23 +20,31 @@ from tests.tp_run import PROMPTS, run
 from devtools import reference as ref
 from vllm_mtad.config import MTADConfig
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.system
 
 
-def run_tp2(target_dir, draft_dir, policy="fixed"):
+POLICIES = ("fixed", "adaptive")
+
+
+@pytest.fixture(scope="module")
+def tp2_runs(tiny_pair_dirs):
+    """{policy: result of tests.tp_run.run} for TP=2 under each policy: one engine per policy,
+    one after the other in one fresh process (one interpreter and vLLM import for both)."""
+    target_dir, draft_dir = tiny_pair_dirs
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     proc = subprocess.run([sys.executable, "-m", "tests.tp_run", str(target_dir),
-                           str(draft_dir), "2", policy], env=env, capture_output=True,
-                          text=True, timeout=400, cwd=Path(__file__).parent.parent)
+                           str(draft_dir), "2", ",".join(POLICIES)], env=env,
+                          capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).parent.parent)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(lines[0].removeprefix("RESULT "))
+    assert len(lines) == len(POLICIES), proc.stdout[-2000:] + proc.stderr[-4000:]
+    return {p: json.loads(line.removeprefix("RESULT ")) for p, line in zip(POLICIES, lines)}
 
 
-def test_tp2_equals_tp1_and_the_reference(tiny_pair_dirs, tiny_pair):
+def test_tp2_equals_tp1_and_the_reference(tiny_pair_dirs, tiny_pair, tp2_runs):
     target_dir, draft_dir = tiny_pair_dirs
-    tp2 = run_tp2(target_dir, draft_dir)
+    tp2 = dict(tp2_runs["fixed"])
     tp1 = run(target_dir, draft_dir, 1, in_process=True)
     tp2.pop("chosen"), tp1.pop("chosen")
     assert tp2 == tp1
@@ -46,12 +54,11 @@ def test_tp2_equals_tp1_and_the_reference(tiny_pair_dirs, tiny_pair):
                                       ref.Sampling(temperature=0.0)).token_ids
 
 
-def test_tp2_adaptive_ranks_choose_alike(tiny_pair_dirs, tiny_pair):
+def test_tp2_adaptive_ranks_choose_alike(tiny_pair, tp2_runs):
     """Under the adaptive policy each rank times its own steps; the first rank's choice is
     broadcast, so both ranks draft the same shapes every step (else the engine would hang or
     corrupt). Exact greedy output stays the target's greedy decoding."""
-    target_dir, draft_dir = tiny_pair_dirs
-    tp2 = run_tp2(target_dir, draft_dir, "adaptive")
+    tp2 = tp2_runs["adaptive"]
     ranks = tp2["chosen"]
     assert len(ranks) == 2 and ranks[0] == ranks[1] and len(ranks[0]) > 1
     for prompt, tokens in zip(PROMPTS, tp2["exact"]):

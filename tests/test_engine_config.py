@@ -1,7 +1,8 @@
 """The engine configuration vLLM builds from an MTAD setup (EngineArgs.create_engine_config on
 the tiny pair; no model is loaded): vLLM's ``--spec-method/--spec-model/--spec-tokens`` flags
-give the same engine as ``--speculative-config``, and the parallel layouts MTAD cannot run
-under, and vLLM's FLy verification keys, are refused naming the key.
+give the same engine as ``--speculative-config``; the parallel layouts MTAD cannot run under,
+vLLM's FLy verification keys, bad MTAD settings and a draft with another vocabulary are refused
+naming the key, as LLM() and ``vllm serve`` refuse them before building an engine.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import shutil
 
 import pytest
 
-pytestmark = pytest.mark.patches
+from tests.engine_utils import engine_config, mtad_spec
+
+pytestmark = pytest.mark.unit
 
 
 def _engine_config(**kwargs):
@@ -132,3 +135,34 @@ def test_fly_verification_keys_stop_startup_naming_the_key(how):
         args.create_speculative_config(None, SimpleNamespace())
     assert f"speculative config key {key!r} does not apply to method 'mtad'" in str(err.value)
     assert "MTAD has its own acceptance" in str(err.value)
+
+
+# Bad settings that stop LLM() before an engine exists, through the same engine arguments
+# (tests.engine_utils.engine_config: LLM()'s first step, without the rest).
+@pytest.mark.parametrize("change,key", [
+    ({"beam_width": 0}, "beam_width"),
+    ({"acceptance_threshold": 0.0}, "acceptance_threshold"),
+    ({"acceptance_threshold": 1.5}, "acceptance_threshold"),
+    ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
+    ({"greedy_acceptance": "fast"}, "greedy_acceptance"),
+    ({"draft_sample_method": "probabilistic"}, "draft_sample_method"),
+    ({"beam_width": 64}, "beam_width"),  # 64 x 8 rows > max_num_batched_tokens = 256
+])
+def test_bad_config_fails_at_startup_naming_the_key(tiny_pair_dirs, change, key):
+    target_dir, draft_dir = tiny_pair_dirs
+    spec = {**mtad_spec(draft_dir), **change}
+    with pytest.raises(Exception) as err:  # LLM(...) fails here, before it builds an engine
+        engine_config(target_dir, spec, max_num_batched_tokens=256)
+    assert key in str(err.value), str(err.value)
+
+
+def test_draft_with_another_vocabulary_is_refused(tiny_pair_dirs, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target_dir, draft_dir = tiny_pair_dirs
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir)
+    draft.resize_token_embeddings(draft.config.vocab_size + 64)
+    draft.save_pretrained(tmp_path / "draft")
+    AutoTokenizer.from_pretrained(draft_dir).save_pretrained(tmp_path / "draft")
+    with pytest.raises(Exception, match="vocabulary size"):
+        engine_config(target_dir, mtad_spec(tmp_path / "draft"))

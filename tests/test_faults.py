@@ -1,8 +1,9 @@
-"""A wrong setup fails at startup with a message naming the setting and what to change; a dead
-worker under the server is reported and the server exits instead of hanging.
+"""A wrong setup fails at startup with a message naming the setting and what to change (a dead
+worker under the server: tests/test_serve.py, the last test there, on its server).
 
-In-process engines (LLM()) on the tiny pair for the startup faults; the real server for the
-killed worker.
+The startup faults stop LLM() before it builds an engine, so they are tested on its first step
+(tests.engine_utils.engine_config, no model loaded); one in-process engine checks that a
+fitting setup starts.
 """
 
 from __future__ import annotations
@@ -12,15 +13,13 @@ import shutil
 
 import pytest
 
-from tests.engine_utils import close, make_llm, mtad_spec
-
-pytestmark = pytest.mark.e2e
+from tests.engine_utils import close, engine_config, make_llm, mtad_spec
 
 
 def _refused(target_dir, spec, **kwargs) -> str:
+    """The error ``make_llm(target_dir, spec, **kwargs)`` stops with before any engine exists."""
     with pytest.raises(Exception) as err:
-        llm = make_llm(target_dir, spec, **kwargs)
-        close(llm)
+        engine_config(target_dir, spec, **kwargs)
     return str(err.value)
 
 
@@ -34,12 +33,14 @@ def _draft_copy(draft_dir, tmp_path, file: str, change) -> str:
     return copy
 
 
+@pytest.mark.unit
 def test_missing_draft_directory(tiny_pair_dirs, tmp_path):
     target_dir, _ = tiny_pair_dirs
     msg = _refused(target_dir, mtad_spec(tmp_path / "no-such-draft"))
     assert "MTAD setting 'model'" in msg and "does not exist" in msg, msg
 
 
+@pytest.mark.unit
 def test_unreadable_draft_config(tiny_pair_dirs, tmp_path):
     target_dir, draft_dir = tiny_pair_dirs
     broken = tmp_path / "draft"
@@ -49,6 +50,7 @@ def test_unreadable_draft_config(tiny_pair_dirs, tmp_path):
     assert "MTAD setting 'model'" in msg and "config.json" in msg, msg
 
 
+@pytest.mark.unit
 def test_draft_with_another_tokenizer(tiny_pair_dirs, tmp_path):
     """Same vocabulary size, two tokens' ids swapped: vLLM would run it, MTAD refuses."""
     target_dir, draft_dir = tiny_pair_dirs
@@ -63,12 +65,14 @@ def test_draft_with_another_tokenizer(tiny_pair_dirs, tmp_path):
     assert "MTAD setting 'model'" in msg and "tokenizer differs" in msg, msg
 
 
+@pytest.mark.unit
 def test_gamma_that_cannot_fit_max_model_len(tiny_pair_dirs):
     target_dir, draft_dir = tiny_pair_dirs
     msg = _refused(target_dir, mtad_spec(draft_dir, gamma=300), max_model_len=256)
     assert "num_speculative_tokens" in msg and "max_model_len" in msg, msg
 
 
+@pytest.mark.engine
 def test_draft_whose_context_is_shorter_than_max_model_len(tiny_pair_dirs, tmp_path):
     """vLLM would start and silently stop drafting past the draft's 256 positions."""
     target_dir, draft_dir = tiny_pair_dirs
@@ -79,50 +83,3 @@ def test_draft_whose_context_is_shorter_than_max_model_len(tiny_pair_dirs, tmp_p
     # Accepted when the engine's context fits the draft's.
     llm = make_llm(target_dir, mtad_spec(short), max_model_len=256)
     close(llm)
-
-
-def test_worker_killed_under_the_server(tiny_pair_dirs, tmp_path):
-    """SIGKILL the model-runner process mid-stream: the open stream ends with an error, new
-    requests are refused, and the server exits (no hang)."""
-    import signal
-    import threading
-    import time
-
-    import psutil
-    import requests
-
-    from benchmarks.server import free_port, running_server, serve_command
-
-    target_dir, draft_dir = tiny_pair_dirs
-    port = free_port()
-    cmd = serve_command(str(target_dir), mtad_spec(draft_dir), port, max_num_seqs=8)
-    log = tmp_path / "server.log"
-    with running_server(cmd, str(target_dir), log, port) as server:
-        procs = psutil.Process(server.proc.pid).children(recursive=True)
-        workers = [p for p in procs if "Worker" in p.name() + " ".join(p.cmdline())]
-        assert len(workers) == 1, [(p.name(), p.cmdline()) for p in procs]
-        stream_result = {}
-
-        def stream():
-            try:
-                with requests.post(f"{server.base}/v1/completions", stream=True, timeout=120,
-                                   json={"model": server.model, "prompt": [5, 6, 7],
-                                         "max_tokens": 1000, "min_tokens": 1000,
-                                         "ignore_eos": True, "stream": True}) as r:
-                    stream_result["lines"] = [ln for ln in r.iter_lines() if ln]
-            except requests.RequestException as exc:
-                stream_result["error"] = repr(exc)
-
-        t = threading.Thread(target=stream)
-        t.start()
-        time.sleep(3)  # the stream is under way
-        workers[0].send_signal(signal.SIGKILL)
-        t.join(timeout=120)
-        assert not t.is_alive(), "the open stream hung after the worker died"
-        lines = stream_result.get("lines", [])
-        # vLLM's streaming error event, then the end of the stream (not a hang, not a cut).
-        assert len(lines) >= 2 and lines[-1] == b"data: [DONE]", stream_result
-        assert b'"error"' in lines[-2] and b"EngineCore encountered an issue" in lines[-2]
-        server.proc.wait(timeout=120)  # the server exits by itself
-        text = log.read_text()
-    assert "Worker proc VllmWorker-0 died unexpectedly" in text, text[-3000:]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = pytest.mark.patches
+pytestmark = pytest.mark.unit
 
 
 def test_draft_store_matches_scheduled_drafts_and_prunes():

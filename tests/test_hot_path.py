@@ -23,7 +23,7 @@ from vllm_mtad.core.acceptance import extra_tokens_from
 from vllm_mtad.core.processing import (TIE_SLACK, Candidates, draft_candidates, plan_candidates,
                                        processed_logprobs)
 
-pytestmark = pytest.mark.core
+pytestmark = pytest.mark.unit
 
 INF = float("inf")
 

@@ -9,7 +9,7 @@ import pytest
 
 from devtools import models
 
-pytestmark = pytest.mark.core
+pytestmark = pytest.mark.unit
 
 
 def fake_parts(tmp_path, sizes=(1000, 2500, 7)):

@@ -11,7 +11,7 @@ from tests.helpers import chi2_sf, chi_square_pvalue
 from vllm_mtad.core import noise
 from vllm_mtad.core.processing import processed_logprobs
 
-pytestmark = pytest.mark.core
+pytestmark = pytest.mark.unit
 
 
 def test_chi2_sf_against_table_values():

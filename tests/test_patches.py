@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.patches
+pytestmark = pytest.mark.unit
 
 PATCH_DIR = Path(__file__).parent.parent / "patches"
 FIELDS = ("Target:", "Why:", "How:", "Upstream:", "Checked:", "Removal:")

@@ -31,6 +31,7 @@ def timers_env(monkeypatch):
     TIMERS.reset()
 
 
+@pytest.mark.unit
 def test_nested_phases_are_exclusive():
     timers = PhaseTimers(enabled=True)
     timers._now()  # the first call imports torch (to find out whether to synchronise CUDA)
@@ -57,6 +58,7 @@ def test_nested_phases_are_exclusive():
     assert sum(timers.snapshot()["seconds"].values()) == 0
 
 
+@pytest.mark.unit
 def test_disabled_timers_record_nothing():
     timers = PhaseTimers(enabled=False)
     with timers.phase("step"):
@@ -65,7 +67,7 @@ def test_disabled_timers_record_nothing():
     assert sum(timers.snapshot()["seconds"].values()) == 0
 
 
-@pytest.mark.patches
+@pytest.mark.unit
 def test_apply_patches_nothing_unless_enabled(timers_env):
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
@@ -92,7 +94,7 @@ def test_apply_patches_nothing_unless_enabled(timers_env):
     assert GPUModelRunner.__dict__["_sample"] is original
 
 
-@pytest.mark.patches
+@pytest.mark.unit
 def test_model_hooks_attach_once_and_shared_modules_count_once(timers_env):
     import torch
 
@@ -149,7 +151,7 @@ def _generate(llm, n_prompts=4, tokens=24):
     return time.perf_counter() - t0
 
 
-@pytest.mark.e2e
+@pytest.mark.engine
 def test_engine_without_the_variable_is_untouched(tiny_pair_dirs, timers_env):
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -168,7 +170,7 @@ def test_engine_without_the_variable_is_untouched(tiny_pair_dirs, timers_env):
     assert all(v == 0 for v in snap["seconds"].values())
 
 
-@pytest.mark.e2e
+@pytest.mark.engine
 @pytest.mark.parametrize("method", ["draft_model", "mtad"])
 def test_engine_phase_figures(tiny_pair_dirs, timers_env, method):
     from tests.engine_utils import close, make_llm, mtad_spec

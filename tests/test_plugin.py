@@ -9,7 +9,7 @@ import pytest
 
 from vllm_mtad import version
 
-pytestmark = pytest.mark.patches
+pytestmark = pytest.mark.unit
 
 
 def test_parse_release():

@@ -8,7 +8,7 @@ from vllm_mtad.core import policy
 from vllm_mtad.core.policy import (AcceptanceStats, Batch, Bounds, CostModel, LinearCost,
                                    choose, expected_tokens)
 
-pytestmark = pytest.mark.core
+pytestmark = pytest.mark.unit
 
 
 def fitted(intercept, slope, sizes, samples=40, prefill_slope=None):

@@ -18,7 +18,7 @@ import pytest
 from devtools.engine import engine_kwargs
 from tests.engine_utils import TINY_KV_BYTES_PER_TOKEN, close, generate_ids, make_llm, mtad_spec
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.system
 
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 50)), [100] * 3, list(range(200, 262)),
            list(range(60, 90)), [7] * 12]

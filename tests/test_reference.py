@@ -11,7 +11,7 @@ from tests.helpers import chi_square_pvalue, set_draw_probabilities
 from devtools import reference as ref
 from vllm_mtad.config import MTADConfig
 
-pytestmark = pytest.mark.reference
+pytestmark = pytest.mark.unit
 
 PROMPTS = [[5, 6, 7, 8, 9], [100, 3, 250], [42] * 12]
 
@@ -81,3 +81,21 @@ def test_max_new_tokens_and_eos_are_respected(tiny_pair):
     stopped = ref.generate(target, draft, PROMPTS[0], 7, cfg, ref.Sampling(temperature=0.0),
                            eos_token_id=eos)
     assert stopped.token_ids[-1] == eos and len(stopped.token_ids) <= 4
+
+
+def test_the_reference_context_limit_changes_the_last_rounds(tiny_pair):
+    """The reference's max_len is not a no-op: near the end it drafts shorter searches, and
+    the output differs from the unlimited one for some prompt (else
+    tests/test_e2e_engine.py::test_drafting_through_the_end_of_the_context, which compares the
+    engine with the reference under that limit, would not test the boundary)."""
+    cfg = MTADConfig(4, 4, 0.5)
+    differ = 0
+    for n in (216, 243, 250, 254):
+        prompt = list(range(10, 10 + n))
+        a = ref.generate(*tiny_pair, prompt, 256 - n, cfg, ref.Sampling(temperature=0.0))
+        b = ref.generate(*tiny_pair, prompt, 256 - n, cfg, ref.Sampling(temperature=0.0),
+                         max_len=256)
+        assert len(b.token_ids) == 256 - n
+        assert all(len(d) <= 256 - n for d in b.drafts)
+        differ += a.token_ids != b.token_ids
+    assert differ > 0

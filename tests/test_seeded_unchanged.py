@@ -17,7 +17,7 @@ import torch
 
 from tests.seeded_workload import run
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.engine
 
 RECORDED = Path(__file__).parent / "data" / "seeded_tokens_before_hot_path_rewrite.json"
 

@@ -14,7 +14,7 @@ from benchmarks.server import free_port, running_server, serve_command, serve_en
 from devtools import reference as ref
 from vllm_mtad.config import MTADConfig
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.system
 
 GAMMA, WIDTH, TAU = 4, 4, 0.5
 
@@ -325,3 +325,44 @@ def test_readme_cpu_quick_start_serves(tmp_path):
             "model": target, "prompt": "def split(", "max_tokens": 16, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
         assert "MTAD enabled with" in srv.log.read_text()
+
+
+def test_worker_killed_under_the_server(server):
+    """SIGKILL the model-runner process mid-stream: the open stream ends with an error, new
+    requests are refused, and the server exits (no hang). On the module's server, which it
+    ends: keep this test last here."""
+    import signal
+
+    import psutil
+    import requests
+
+    base, model, log = server
+    api = psutil.Process(SERVER_PIDS["api"])  # vllm-mtad serve: vLLM's API server
+    procs = api.children(recursive=True)
+    workers = [p for p in procs if "Worker" in p.name() + " ".join(p.cmdline())]
+    assert len(workers) == 1, [(p.name(), p.cmdline()) for p in procs]
+    stream_result = {}
+
+    def stream():
+        try:
+            with requests.post(f"{base}/v1/completions", stream=True, timeout=120,
+                               json={"model": model, "prompt": [5, 6, 7],
+                                     "max_tokens": 1000, "min_tokens": 1000,
+                                     "ignore_eos": True, "stream": True}) as r:
+                stream_result["lines"] = [ln for ln in r.iter_lines() if ln]
+        except requests.RequestException as exc:
+            stream_result["error"] = repr(exc)
+
+    t = threading.Thread(target=stream)
+    t.start()
+    time.sleep(3)  # the stream is under way
+    workers[0].send_signal(signal.SIGKILL)
+    t.join(timeout=120)
+    assert not t.is_alive(), "the open stream hung after the worker died"
+    lines = stream_result.get("lines", [])
+    # vLLM's streaming error event, then the end of the stream (not a hang, not a cut).
+    assert len(lines) >= 2 and lines[-1] == b"data: [DONE]", stream_result
+    assert b'"error"' in lines[-2] and b"EngineCore encountered an issue" in lines[-2]
+    api.wait(timeout=120)  # the server exits by itself
+    text = log.read_text()
+    assert "Worker proc VllmWorker-0 died unexpectedly" in text, text[-3000:]

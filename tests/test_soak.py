@@ -16,7 +16,7 @@ import pytest
 from benchmarks import soak
 from benchmarks.server import free_port, running_server, serve_command
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.system
 
 
 def test_short_soak(tiny_pair_dirs, tmp_path):

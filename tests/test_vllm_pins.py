@@ -26,7 +26,7 @@ from devtools import pin_check
 from devtools.vllm_pins import PIN_KEYS, PINS, SOURCE_LINES
 from vllm_mtad.version import CHECKED_VLLM_VERSIONS
 
-pytestmark = pytest.mark.patches
+pytestmark = pytest.mark.unit
 
 
 def _resolve(module: str, qualname: str):

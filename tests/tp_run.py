@@ -1,6 +1,7 @@
 """Run MTAD with tensor parallelism in a fresh process (used by tests/test_e2e_tp.py).
 
-Usage: python -m tests.tp_run TARGET DRAFT TP [POLICY]  -> prints one line "RESULT {json}".
+Usage: python -m tests.tp_run TARGET DRAFT TP [POLICY[,POLICY...]]  -> prints one line
+"RESULT {json}" per policy, in order (one engine each, one after the other).
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ def run(target, draft, tp, in_process=False, policy="fixed"):
 
 def main():
     target, draft, tp = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    policy = sys.argv[4] if len(sys.argv) > 4 else "fixed"
-    print("RESULT " + json.dumps(run(target, draft, tp, policy=policy)))
+    for policy in (sys.argv[4] if len(sys.argv) > 4 else "fixed").split(","):
+        print("RESULT " + json.dumps(run(target, draft, tp, policy=policy)), flush=True)
 
 
 if __name__ == "__main__":
