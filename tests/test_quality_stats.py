@@ -11,7 +11,7 @@ import pytest
 from benchmarks.quality_stats import (bootstrap_mean, paired_bootstrap_diff, pareto_frontier,
                                       pass_at_k)
 
-pytestmark = pytest.mark.core
+pytestmark = pytest.mark.unit
 
 
 def test_pass_at_k_known_cases():
