@@ -94,11 +94,18 @@ def test_compare_speed_only_plan():
 
 @pytest.mark.system
 def test_demo_tiny(tmp_path):
-    out = run_module(["devtools.demo", "--tiny", "--max-tokens", "16"], tmp_path)
+    """The demo prints its progress and one table; vLLM's own log goes to the file it names."""
+    log = tmp_path / "demo-vllm.log"
+    out, err = run_module(["devtools.demo", "--tiny", "--max-tokens", "16", "--log", str(log)],
+                          tmp_path, with_stderr=True)
     table = [line for line in out.splitlines() if line.startswith("| ")]
     assert table[0].startswith("| method |") and len(table) == 4  # header + 3 methods
     mtad_row = table[-1].split("|")
     assert "MTAD" in mtad_row[1] and 1 <= float(mtad_row[4]) <= 5
+    assert f"vLLM's log: {log}" in out
+    assert sum(line.startswith("[") and "done in" in line for line in out.splitlines()) == 3
+    assert "vllm-mtad: MTAD enabled with" in log.read_text()  # vLLM's log is in the file...
+    assert "MTAD enabled with" not in out + err  # ...and not on the terminal
 
 
 @pytest.mark.system
