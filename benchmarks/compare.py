@@ -29,15 +29,13 @@ tables and PNG plots in --out.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 
 from benchmarks.common import RESULTS, environment, markdown_table, write_outputs
+from benchmarks.humaneval_check import run_checks
 from devtools.engine import (build_llm, close, counters_delta, draft_model_spec, mtad_spec,
                              spec_counters)
 from devtools.models import add_model_args, resolve_pair
@@ -238,10 +236,7 @@ def score_humaneval(bench: Bench) -> None:
             if bench.prompts[i].kind == "humaneval":
                 items.append({"task_id": bench.prompts[i].task_id, "completion": text})
                 owners.append(r)
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.humaneval_check"],
-                          input=json.dumps(items), capture_output=True, text=True, check=True,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    results = json.loads(proc.stdout)
+    results = run_checks(items)
     for run in bench.runs:
         run.humaneval = []
     for owner, res in zip(owners, results):

