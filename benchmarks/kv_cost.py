@@ -10,8 +10,9 @@ time and vLLM's own gauges and counters are read after every step: the peak and 
 ``vllm:num_requests_running``, the preemptions (``vllm:num_preemptions``). Also per engine: the
 lookahead slots the scheduler reserves per request (``num_lookahead_tokens``, in *every* layer,
 the target's included), the blocks of the shared pool, and the draft-only bytes MTAD keeps for
-the beams (``draft_scratch_bytes``). Tiny pair in float32: the draft holds 3 of the 7 layers'
-KV per token. Writes ``kv_cost.json`` and ``kv_cost.md`` (default ``benchmarks/results/``).
+the beams (``draft_scratch_bytes``), the batch rows they hold tails for (the rest draft one
+beam; ``beam_kv_fraction``, ``--beam-kv-fractions``) and the acceptance length. Tiny pair in
+float32: the draft holds 3 of the 7 layers' KV per token. Writes ``kv_cost.json`` and ``kv_cost.md`` (default ``benchmarks/results/``).
 """
 
 from __future__ import annotations
@@ -42,11 +43,22 @@ def gauges(llm) -> tuple[float, float]:
             metric_sum(llm, "vllm:num_preemptions"))
 
 
-def drafter_scratch_bytes(llm) -> int:
+def drafter_numbers(llm) -> dict:
+    """The draft-only bytes, the batch rows they hold beam tails for, and the share of drafted
+    rows that found no room and drafted one beam (driver rank's counters)."""
     from vllm_mtad.proposer import drafter_stats
 
     stats = llm.collective_rpc(drafter_stats)
-    return int(sum(s.get("draft_scratch_bytes", 0) for s in stats))
+    first = stats[0]
+    return {"draft_scratch_bytes": int(sum(s.get("draft_scratch_bytes", 0) for s in stats)),
+            "beam_rows": first.get("draft_scratch_rows", 0),
+            "narrowed_share": first.get("narrowed_rows", 0) / max(first.get("rows", 0), 1)}
+
+
+def acceptance_length(llm) -> float:
+    """1 + accepted / drafts, from vLLM's spec-decode counters."""
+    drafts = metric_sum(llm, "vllm:spec_decode_num_drafts")
+    return 1 + metric_sum(llm, "vllm:spec_decode_num_accepted_tokens") / max(drafts, 1)
 
 
 def run_one(target: str, spec: dict | None, prompts, new_tokens: int, kv_bytes: int,
@@ -78,7 +90,9 @@ def run_one(target: str, spec: dict | None, prompts, new_tokens: int, kv_bytes: 
            "finished": len(outputs),
            "lookahead_slots": config.num_lookahead_tokens,
            "pool_blocks": config.cache_config.num_gpu_blocks,
-           "draft_scratch_bytes": drafter_scratch_bytes(llm) if spec else 0,
+           **({"acceptance_length": acceptance_length(llm)} if spec else {}),
+           **(drafter_numbers(llm) if spec and spec["method"] == "mtad" else
+              {"draft_scratch_bytes": 0}),
            "outputs": [outputs[str(i)] for i in range(len(prompts))]}
     del engine
     close(llm)
@@ -100,6 +114,8 @@ def main(argv=None):
                         help="vLLM caps the lookahead at max_model_len: a value close to the "
                              "workload's length hides the cost of a large lookahead")
     parser.add_argument("--widths", default="1,2,4,8")
+    parser.add_argument("--beam-kv-fractions", default="0.1",
+                        help="MTAD's beam_kv_fraction, one engine per value and W > 1")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.quick:
@@ -115,9 +131,12 @@ def main(argv=None):
     prompts = workload(args.requests, args.prompt_tokens, TinyPairSpec().vocab_size)
     kv_bytes = int(args.kv_mib * (1 << 20))
     sd = {"method": "draft_model", "model": draft, "num_speculative_tokens": GAMMA}
+    fractions = [float(x) for x in args.beam_kv_fractions.split(",")]
     plan = [("target alone", None), ("vLLM SD", sd)] + [
-        (f"MTAD W={w}", mtad_spec(draft, GAMMA, w, TAU))
-        for w in (int(x) for x in args.widths.split(","))]
+        (f"MTAD W={w}" + (f", beam_kv_fraction {f}" if len(fractions) > 1 and w > 1 else ""),
+         mtad_spec(draft, GAMMA, w, TAU, beam_kv_fraction=f))
+        for w in (int(x) for x in args.widths.split(","))
+        for f in (fractions if w > 1 else fractions[:1])]
     rows = []
     for name, spec in tqdm(plan, desc="engines", unit="engine"):
         try:
@@ -139,6 +158,9 @@ def main(argv=None):
                ("mean_vs_sd", "mean / vLLM SD"),
                ("preemptions", "preemptions"), ("lookahead_slots", "lookahead slots (all layers)"),
                ("pool_blocks", "pool blocks"), ("draft_scratch_bytes", "draft-only bytes"),
+               ("beam_rows", "rows with beam room"),
+               ("narrowed_share", "drafted rows with one beam"),
+               ("acceptance_length", "acceptance length"),
                ("steps", "engine steps"), ("seconds", "seconds")]
     table = markdown_table(rows, columns)
     for r in rows:
@@ -148,7 +170,8 @@ def main(argv=None):
                      "new_tokens": args.new_tokens, "kv_cache_bytes": kv_bytes,
                      "max_num_seqs": args.max_num_seqs, "block_size": args.block_size,
                      "max_model_len": args.max_model_len,
-                     "gamma": GAMMA, "tau": TAU, "dtype": "float32", "temperature": 0.0}
+                     "gamma": GAMMA, "tau": TAU, "dtype": "float32", "temperature": 0.0,
+                     "beam_kv_fractions": fractions}
     out = write_outputs("kv_cost", {"environment": environment(), "workload": workload_desc,
                                     "rows": rows}, table, args.out)
     plot(rows, out / "kv_cost.png")

@@ -346,11 +346,12 @@ def test_preemption_keeps_outputs_correct(tiny_pair_dirs, tiny_pair, engines):
     target_dir, draft_dir = tiny_pair_dirs
     prompts = [list(range(10 + i, 50 + i)) for i in range(6)]
     # 38 blocks' worth of KV: the draft-only scratch for the beams (8 rows x 3 beams x 2 blocks
-    # in 3 of the 7 layers: ~21 blocks' worth) leaves a pool of 17 blocks of 32 tokens; each
+    # in 3 of the 7 layers: ~21 blocks' worth, allowed by beam_kv_fraction 0.6, so that every
+    # row drafts 4 beams as the reference does) leaves a pool of 17 blocks of 32 tokens; each
     # request grows to 5 blocks (40 prompt + 100 new tokens + 4 lookahead slots), so running
     # requests must be preempted.
-    llm = engines.get(target_dir, mtad_spec(draft_dir, 4, 4, 0.5), kv_tokens=38 * 32,
-                      disable_log_stats=False, max_model_len=512)
+    llm = engines.get(target_dir, mtad_spec(draft_dir, 4, 4, 0.5, beam_kv_fraction=0.6),
+                      kv_tokens=38 * 32, disable_log_stats=False, max_model_len=512)
     before = metric_sum(llm, "vllm:num_preemptions")
     got = generate_ids(llm, prompts, greedy_params(100))
     preemptions = metric_sum(llm, "vllm:num_preemptions") - before
@@ -407,7 +408,8 @@ def test_engine_config_plumbing(tiny_pair_dirs, engines):
                                                 "greedy_acceptance": "exact",
                                                 "speculation_policy": "fixed",
                                                 "min_beam_width": 1,
-                                                "min_speculative_tokens": 0}
+                                                "min_speculative_tokens": 0,
+                                                "beam_kv_fraction": 0.1}
     assert "speculative method 'mtad'" in runner_features and not config.use_v2_model_runner
     assert lookahead == 5  # vLLM's own (γ): the beams' tails are in draft-only blocks
 
@@ -498,14 +500,28 @@ def test_engine_without_enforce_eager(tiny_pair_dirs, tiny_pair, engines):
 
 def test_scratch_that_leaves_no_room_fails_at_startup_naming_the_keys(tiny_pair_dirs, engines):
     """A KV budget the draft-only beam blocks would leave too small for one max_model_len
-    request: startup fails naming beam_width, max_num_seqs and max_model_len."""
+    request: startup fails naming beam_width, beam_kv_fraction, max_num_seqs and max_model_len.
+    The default beam_kv_fraction (0.1) starts on the same budget, the rows past its share
+    drafting one beam."""
     target_dir, draft_dir = tiny_pair_dirs
     with pytest.raises(Exception) as err:  # 40 blocks' worth; the scratch takes ~21 of them
-        engines.get(target_dir, mtad_spec(draft_dir, 4, 4), kv_tokens=40 * 32)
+        engines.get(target_dir, mtad_spec(draft_dir, 4, 4, beam_kv_fraction=0.6),
+                    kv_tokens=40 * 32)
     msg = str(err.value)
-    assert "'beam_width'" in msg and "max_num_seqs" in msg and "max_model_len 1024" in msg, msg
+    assert ("'beam_width'" in msg and "'beam_kv_fraction'" in msg and "max_num_seqs" in msg
+            and "max_model_len 1024" in msg), msg
     # The same budget with a shorter context starts.
-    engines.get(target_dir, mtad_spec(draft_dir, 4, 4), kv_tokens=40 * 32, max_model_len=256)
+    engines.get(target_dir, mtad_spec(draft_dir, 4, 4, beam_kv_fraction=0.6),
+                kv_tokens=40 * 32, max_model_len=256)
+    # The default share: 4 of the 40 blocks' worth, the tails of one of the 8 rows.
+    llm = engines.get(target_dir, mtad_spec(draft_dir, 4, 4), kv_tokens=40 * 32)
+    before = drafter_counters(llm)
+    prompts = [list(range(10 + i, 30 + i)) for i in range(3)]
+    got = generate_ids(llm, prompts, greedy_params(12))
+    after = drafter_counters(llm)
+    assert after["draft_scratch_blocks"] == 1 * 3 * 2
+    assert stats_delta(after, before)["narrowed_rows"] > 0
+    assert all(len(t) == 12 for t in got)
 
 
 def end_of_context_engine(engines, tiny_pair_dirs, width=4, max_len=256):

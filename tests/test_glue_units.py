@@ -61,7 +61,8 @@ def test_translate_speculative_config():
                                           "acceptance_threshold": 0.5,
                                           "greedy_acceptance": "joint",
                                           "speculation_policy": "fixed", "min_beam_width": 1,
-                                          "min_speculative_tokens": 0}}
+                                          "min_speculative_tokens": 0,
+                                          "beam_kv_fraction": 0.1}}
     with pytest.raises(ValueError, match="'model' is required"):
         translate_speculative_config({"method": "mtad", "num_speculative_tokens": 3}, None)
     with pytest.raises(ValueError, match="'num_speculative_tokens' is required"):
@@ -132,7 +133,8 @@ def test_draft_scratch_extends_only_the_draft_layers():
     page, N, S = 1024, 10, 6
     layers = ["t0", "t1", "t2", "d0", "d1"]
     cfg = _kv_config(N, layers, page)
-    plan = ScratchPlan(["d0", "d1"], S, rows=1, bytes=0, beam_width=4, tail_blocks=2)
+    plan = ScratchPlan(["d0", "d1"], S, rows=1, bytes=0, beam_width=4, tail_blocks=2,
+                       max_rows=1, fraction=0.1)
     extend_config(cfg, plan)
     target, draft = cfg.kv_cache_tensors
     assert target.layers == ["t0", "t1", "t2"] and draft.layers == ["d0", "d1"]
@@ -144,13 +146,13 @@ def test_draft_scratch_extends_only_the_draft_layers():
 
     bad = _kv_config(N, ["d0", "d1", "t0"], page)  # draft layers not last
     with pytest.raises(ValueError, match="VLLM_KV_CACHE_LAYOUT"):
-        extend_config(bad, ScratchPlan(["d0", "d1"], S, 1, 0, 4, 2))
+        extend_config(bad, ScratchPlan(["d0", "d1"], S, 1, 0, 4, 2, 1, 0.1))
     packed = _kv_config(N, layers, page)  # block-outermost: pages of all layers per block
     t = packed.kv_cache_tensors[0]
     packed.kv_cache_tensors[0] = type(t)(size=t.size, layers=t.layers, layer_stride=page,
                                          block_stride=5 * page)
     with pytest.raises(ValueError, match="VLLM_KV_CACHE_LAYOUT"):
-        extend_config(packed, ScratchPlan(["d0", "d1"], S, 1, 0, 4, 2))
+        extend_config(packed, ScratchPlan(["d0", "d1"], S, 1, 0, 4, 2, 1, 0.1))
     # A second cache group (e.g. sliding-window layers) overlays the same bytes from offset 0:
     # the draft layers' growth would land on its pages.
     from vllm.v1.kv_cache_interface import KVCacheTensor
@@ -159,11 +161,11 @@ def test_draft_scratch_extends_only_the_draft_layers():
                           layer_stride=N * page, block_stride=page)
     overlaid = _kv_config(N, layers, page, extra_tensor=other)
     with pytest.raises(ValueError, match="one attention KV cache group"):
-        extend_config(overlaid, ScratchPlan(["d0", "d1"], S, 1, 0, 4, 2))
+        extend_config(overlaid, ScratchPlan(["d0", "d1"], S, 1, 0, 4, 2, 1, 0.1))
     mamba = _kv_config(N, layers, page)
     mamba.needs_kv_cache_zeroing = True
     with pytest.raises(ValueError, match="one attention KV cache group"):
-        extend_config(mamba, ScratchPlan(["d0", "d1"], S, 1, 0, 4, 2))
+        extend_config(mamba, ScratchPlan(["d0", "d1"], S, 1, 0, 4, 2, 1, 0.1))
 
 
 def test_request_keys_refuse_engine_wide_keys_and_typos_only():
@@ -218,6 +220,79 @@ def test_draft_processing_equals_vllm_apply_sampling_constraints(seed):
     finite = ~torch.isinf(ours)
     assert torch.allclose(ours[finite], theirs[finite], atol=1e-5)
     assert (torch.isinf(ours).sum(dim=1) > 0).sum() >= N // 2  # the constraints did cut
+
+
+def _scratch_runner(*, max_num_seqs=8, fraction=0.1, width=4,
+                    gamma=4, block_size=32, max_model_len=256):
+    """A model runner as draft_scratch sees it: 4 target and 3 draft attention layers (pages
+    of 7 and 3 units), an MTAD drafter, vLLM's layer-outermost layout."""
+    from types import SimpleNamespace
+
+    from vllm_mtad.config import MTADConfig
+    from vllm_mtad.proposer import MTADProposer
+
+    drafter = MTADProposer.__new__(MTADProposer)  # only the attributes draft_scratch reads
+    drafter.mtad = MTADConfig(gamma, width, beam_kv_fraction=fraction)
+    drafter._draft_attn_layer_names = ["d0", "d1", "d2"]
+    specs = {name: SimpleNamespace(block_size=block_size, page_size_bytes=700)
+             for name in ("t0", "t1", "t2", "t3")}
+    specs |= {name: SimpleNamespace(block_size=block_size, page_size_bytes=300)
+              for name in drafter._draft_attn_layer_names}
+    layout = SimpleNamespace(is_layer_compact=True, name="LBHNC")
+    return SimpleNamespace(
+        drafter=drafter, get_kv_cache_spec=lambda: specs,
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+        vllm_config=SimpleNamespace(kv_transfer_config=None),
+        cache_config=SimpleNamespace(block_size=block_size,
+                                     get_resolved_kv_cache_layout=lambda: layout),
+        model_config=SimpleNamespace(max_model_len=max_model_len))
+
+
+def test_draft_scratch_takes_at_most_beam_kv_fraction_of_the_kv_cache():
+    """The beams' draft-only blocks: all max_num_seqs rows where their tails take at most
+    beam_kv_fraction of the KV memory; otherwise that fraction, and the rows it holds, counted
+    from the pool vLLM settles on (the same on every tensor-parallel rank) and never more than
+    each rank set aside. Too small a fraction for one row fails naming the key."""
+    from vllm_mtad.draft_scratch import plan_for, reserve
+
+    block = 4 * 700 + 3 * 300  # pool bytes per block
+    row = 3 * 2 * 900  # (W-1) beams x 2 tail blocks x the draft layers' page bytes
+    # Plenty of memory: all 8 rows, the pool gets the rest.
+    runner = _scratch_runner()
+    available = 10_000 * block
+    left = reserve(runner, available)
+    assert left == available - 8 * row
+    plan = plan_for(runner, pool_blocks=left // block)
+    assert (plan.rows, plan.blocks, plan.bytes) == (8, 8 * 6, 8 * row)
+    # A small budget: a tenth of it, and the rows that tenth holds.
+    available = 60 * block
+    left = reserve(runner, available)
+    assert left == available - int(0.1 * available)
+    plan = plan_for(runner, pool_blocks=left // block)
+    assert 1 <= plan.rows < 8 and plan.bytes <= available - left
+    assert (plan.rows + 1) * row > 0.1 / 0.9 * (left // block) * block  # no row left out
+    # Two tensor-parallel ranks with different free memory: vLLM's pool is the smaller one's,
+    # both ranks draft the same rows, and each fits in what it set aside.
+    budgets = [60 * block, 75 * block]
+    lefts = [reserve(runner, a) for a in budgets]
+    pool = min(x // block for x in lefts)
+    plans = [plan_for(runner, pool_blocks=pool) for _ in budgets]
+    assert plans[0].rows == plans[1].rows
+    assert all(p.bytes <= a - x for p, a, x in zip(plans, budgets, lefts))
+    # A fraction that holds no request's tails.
+    with pytest.raises(ValueError, match=r"beam_kv_fraction 0.01 .* holds the beam tails of no"):
+        reserve(_scratch_runner(fraction=0.01), 60 * block)
+    # One beam or one draft token: no scratch.
+    assert plan_for(_scratch_runner(width=1)) is None
+    assert plan_for(_scratch_runner(gamma=1)) is None
+
+
+@pytest.mark.parametrize("bad", [0, 1, 1.5, -0.1, "0.1", True, None])
+def test_beam_kv_fraction_is_checked(bad):
+    from vllm_mtad.config import MTADConfig
+
+    with pytest.raises(ValueError, match=r"'beam_kv_fraction' must be a number in \(0, 1\)"):
+        MTADConfig(4, beam_kv_fraction=bad)
 
 
 def test_scratch_rows_for_the_rounds_width_and_length():

@@ -31,6 +31,9 @@ class MTADConfig:
     min_speculative_tokens: the shortest draft the adaptive policy may choose
         (0..num_speculative_tokens). 0 lets it skip drafting in a step, when that is faster;
         such a step samples one token per request from the target alone. Set 1 to forbid it.
+    beam_kv_fraction: the largest share of the KV cache memory that the beams' draft-only blocks
+        (the private tails of beams 1..W-1, vllm_mtad.draft_scratch) may take, in (0, 1). The
+        batch rows whose tails fit draft W beams; the rest draft one beam that step.
     """
 
     num_speculative_tokens: int
@@ -40,6 +43,7 @@ class MTADConfig:
     speculation_policy: str = "fixed"
     min_beam_width: int = 1
     min_speculative_tokens: int = 0
+    beam_kv_fraction: float = 0.1
 
     def __post_init__(self) -> None:
         _check_int("num_speculative_tokens", self.num_speculative_tokens, minimum=1)
@@ -52,6 +56,11 @@ class MTADConfig:
         _check_int("min_beam_width", self.min_beam_width, minimum=1, maximum=self.beam_width)
         _check_int("min_speculative_tokens", self.min_speculative_tokens, minimum=0,
                    maximum=self.num_speculative_tokens)
+        f = self.beam_kv_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < f < 1.0:
+            raise ValueError(f"MTAD setting 'beam_kv_fraction' must be a number in (0, 1), got "
+                             f"{f!r}: the largest share of the KV cache memory the beams' "
+                             "draft-only blocks may take.")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,7 +97,7 @@ METHOD = "mtad"
 ADDITIONAL_CONFIG_KEY = "mtad"
 # MTAD's own keys in the speculative config; everything else goes to vLLM's draft-model config.
 MTAD_KEYS = ("beam_width", "acceptance_threshold", "greedy_acceptance", "speculation_policy",
-             "min_beam_width", "min_speculative_tokens")
+             "min_beam_width", "min_speculative_tokens", "beam_kv_fraction")
 # Per-request overrides, read from SamplingParams.extra_args (OpenAI server: "vllm_xargs").
 REQUEST_KEYS = ("acceptance_threshold", "greedy_acceptance")
 # vLLM's verification settings: MTAD has its own acceptance (acceptance_threshold,

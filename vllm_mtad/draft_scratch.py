@@ -6,12 +6,17 @@ The scheduler hands out blocks of one pool that every layer shares (one block ta
 layers get ``S`` blocks more than the pool, ids ``num_blocks .. num_blocks + S - 1``, which the
 scheduler never sees and the target's layers do not have:
 
-- ``S = max_num_seqs · (W-1) · tail_blocks(γ, block_size)`` (vllm_mtad.beam_kv.scratch_blocks):
-  every batch row of a draft step owns a fixed range, so no row ever lacks room and no
-  allocation happens per step;
-- the bytes, ``S`` times the draft layers' page sizes, are taken off the memory the worker
-  reports for the KV cache *before* vLLM sizes its pool (so the pool plus the scratch fit the
-  budget or the profiled free memory), and stated in one startup log line;
+- ``S = R · (W-1) · tail_blocks(γ, block_size)`` (vllm_mtad.beam_kv.scratch_blocks): each of
+  the first ``R`` batch rows of a draft step owns a fixed range, so no allocation happens per
+  step; the rows past ``R`` draft one beam that step (narrower or shorter rounds fit more rows,
+  vllm_mtad.proposer.scratch_rows);
+- ``R`` is ``max_num_seqs`` where the tails of that many rows take at most ``beam_kv_fraction``
+  (f) of the KV cache memory, and otherwise as many rows as f of it holds. The worker reports
+  ``min(bytes of max_num_seqs rows, f · available)`` less memory for the KV cache *before* vLLM
+  sizes its pool (so the pool plus the scratch fit the budget or the profiled free memory); the
+  allocation then takes ``R`` from the pool vLLM settled on, ``f / (1 - f)`` of its bytes, which
+  every tensor-parallel rank shares (each rank's own free memory may differ) and which never
+  exceeds what was set aside. One startup log line states the result;
 - the backing allocation grows by those bytes: the draft layers, which vLLM places last in a
   layer-outermost layout, are re-based so that each spans ``num_blocks + S`` pages, and their
   views get ``num_blocks + S`` blocks. The target layers' views are unchanged.
@@ -40,16 +45,20 @@ logger = get_logger(__name__)
 class ScratchPlan:
     draft_layers: list[str]
     blocks: int  # S
-    rows: int  # batch rows with room (max_num_seqs)
+    rows: int  # batch rows with room (R <= max_num_seqs)
     bytes: int  # S · Σ draft page bytes
     beam_width: int
     tail_blocks: int
+    max_rows: int  # max_num_seqs
+    fraction: float  # beam_kv_fraction
     base: int | None = None  # first scratch block id = the pool's num_blocks, once allocated
 
 
-def plan_for(runner, specs=None) -> ScratchPlan | None:
-    """The scratch an MTAD runner needs (None for other runners, or when W = 1 or γ = 1).
-    ``specs``: the runner's ``get_kv_cache_spec()``, when the caller has it already."""
+def plan_for(runner, specs=None, pool_blocks: int | None = None) -> ScratchPlan | None:
+    """The scratch an MTAD runner needs (None for other runners, or when W = 1 or γ = 1):
+    ``max_num_seqs`` rows, or, given the pool's block count, the rows that
+    ``beam_kv_fraction`` allows beside it. ``specs``: the runner's ``get_kv_cache_spec()``,
+    when the caller has it already."""
     from vllm_mtad.proposer import MTADProposer
 
     drafter = getattr(runner, "drafter", None)
@@ -60,17 +69,29 @@ def plan_for(runner, specs=None) -> ScratchPlan | None:
     layers = sorted(drafter._draft_attn_layer_names)
     specs = runner.get_kv_cache_spec() if specs is None else specs
     block_size = specs[layers[0]].block_size  # the draft's, as the proposer lays tails out
-    blocks = scratch_blocks(rows, cfg.num_speculative_tokens, cfg.beam_width, block_size)
-    if blocks == 0:
+    per_row = scratch_blocks(1, cfg.num_speculative_tokens, cfg.beam_width, block_size)
+    if per_row == 0:
         return None
     page_bytes = sum(specs[name].page_size_bytes for name in layers)
-    return ScratchPlan(layers, blocks, rows, blocks * page_bytes, cfg.beam_width,
-                       tail_blocks(cfg.num_speculative_tokens, block_size))
+    f = cfg.beam_kv_fraction
+    if pool_blocks is not None:
+        pool_bytes = pool_blocks * sum(spec.page_size_bytes for spec in specs.values())
+        fit = int(f / (1 - f) * pool_bytes) // (per_row * page_bytes)
+        if fit < 1:
+            logger.warning(
+                "MTAD: beam_kv_fraction %s of this KV cache holds no request's beam tails; "
+                "every request drafts one beam. Raise 'beam_kv_fraction' or the KV cache.", f)
+            return None
+        rows = min(rows, fit)
+    return ScratchPlan(layers, rows * per_row, rows, rows * per_row * page_bytes,
+                       cfg.beam_width, tail_blocks(cfg.num_speculative_tokens, block_size),
+                       runner.scheduler_config.max_num_seqs, f)
 
 
 def reserve(runner, available: int) -> int:
     """The memory left for vLLM's KV pool once the scratch is set aside (the worker's
-    ``determine_available_memory``)."""
+    ``determine_available_memory``): the tails of ``max_num_seqs`` rows, at most
+    ``beam_kv_fraction`` of ``available``."""
     specs = runner.get_kv_cache_spec()
     plan = plan_for(runner, specs)
     if plan is None:
@@ -86,19 +107,31 @@ def reserve(runner, available: int) -> int:
             f"MTAD keeps the beams' private KV tails in draft-only blocks and needs a "
             f"layer-outermost KV cache layout; this engine resolved {layout.name}. Set "
             "VLLM_KV_CACHE_LAYOUT to LBHNC or LBNHC (or use beam_width 1).")
-    left = available - plan.bytes
+    f = runner.drafter.mtad.beam_kv_fraction
+    held = min(plan.bytes, int(f * available))
+    row_bytes = plan.bytes // plan.rows
+    if held < row_bytes:
+        raise ValueError(
+            f"MTAD's draft-only KV room for the beams: beam_kv_fraction {f} of the "
+            f"{available / 2**20:.2f} MiB available for the KV cache ({held / 2**20:.2f} MiB) "
+            f"holds the beam tails of no request ({row_bytes / 2**20:.2f} MiB each: "
+            f"(beam_width {plan.beam_width} - 1) x {plan.tail_blocks} blocks in "
+            f"{len(plan.draft_layers)} draft layers). Raise 'beam_kv_fraction', give the KV "
+            "cache more memory, or lower 'beam_width'.")
+    left = available - held
     block_bytes = sum(spec.page_size_bytes for spec in specs.values())
     max_len = runner.model_config.max_model_len
     need = -(-max_len // runner.cache_config.block_size) * block_bytes  # one longest request
     if left < need:
         raise ValueError(
-            f"MTAD's draft-only KV room for the beams ({plan.bytes / 2**20:.2f} MiB: "
+            f"MTAD's draft-only KV room for the beams ({held / 2**20:.2f} MiB: up to "
             f"max_num_seqs {plan.rows} x (beam_width {plan.beam_width} - 1) x "
-            f"{plan.tail_blocks} blocks in {len(plan.draft_layers)} draft layers) leaves "
+            f"{plan.tail_blocks} blocks in {len(plan.draft_layers)} draft layers, at most "
+            f"beam_kv_fraction {f} of it) leaves "
             f"{max(left, 0) / 2**20:.2f} MiB of the {available / 2**20:.2f} MiB available for "
             f"the KV cache, less than one request of max_model_len {max_len} needs "
-            f"({need / 2**20:.2f} MiB). Lower 'beam_width', max_num_seqs or max_model_len, or "
-            "give the KV cache more memory.")
+            f"({need / 2**20:.2f} MiB). Lower 'beam_width', 'beam_kv_fraction', max_num_seqs "
+            "or max_model_len, or give the KV cache more memory.")
     return left
 
 
@@ -214,8 +247,9 @@ def allocate(original, kv_cache_config, device, layout, kernel_block_sizes, plan
     kv_caches.update(zip(tensor.layers, views))
     logger.info(
         "MTAD: %d draft-only KV blocks (%.2f MiB) hold the private tails of beams 1..%d of up "
-        "to %d requests (%d block(s) per beam, %d draft layers, block ids %d..%d); the "
-        "target's layers reserve only vLLM's own lookahead per request",
-        plan.blocks, plan.bytes / 2**20, plan.beam_width - 1, plan.rows, plan.tail_blocks,
-        len(draft), plan.base, plan.base + plan.blocks - 1)
+        "to %d requests of a batch (%d block(s) per beam, %d draft layers, block ids %d..%d; "
+        "max_num_seqs %d, beam_kv_fraction %s); the target's layers reserve only vLLM's own "
+        "lookahead per request", plan.blocks, plan.bytes / 2**20, plan.beam_width - 1,
+        plan.rows, plan.tail_blocks, len(draft), plan.base, plan.base + plan.blocks - 1,
+        plan.max_rows, plan.fraction)
     return kv_caches

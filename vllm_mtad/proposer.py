@@ -133,8 +133,11 @@ class MTADProposer(DraftModelProposer):
         seeds = torch.tensor(seed_list, dtype=torch.int64).to(dev)
         temp, top_k, top_p = row_sampling_params(sampling_metadata, B, dev)
         greedy = is_greedy(temp)
-        # [B] beams per row: one for exact rows (the draft's argmax chain).
-        widths = torch.tensor([1 if e else W for e in exact_host], dtype=torch.int64).to(dev)
+        # [B] beams per row: one for exact rows (the draft's argmax chain) and for the rows
+        # past those whose beam tails fit in the draft-only blocks (draft_scratch).
+        room = B if gamma < 2 else self.rows_with_room(W, gamma)
+        row_widths = [1 if e or b >= room else W for b, e in enumerate(exact_host)]
+        widths = torch.tensor(row_widths, dtype=torch.int64).to(dev)
 
         p = self.positions[token_indices].to(torch.int64)  # [B] position of the bonus token
         logits = self.model.compute_logits(self._first_hidden)  # [B, V]
@@ -171,8 +174,8 @@ class MTADProposer(DraftModelProposer):
             spec.time_part(spec.costs.beam_step, B * W, beam_mark, count=gamma - 1)
         else:
             spec.time_part(spec.costs.first_pass, first_size, mark)
-        for req_id, e in zip(req_ids, exact_host):
-            state.widths[req_id] = 1 if e else W
+        for req_id, w in zip(req_ids, row_widths):
+            state.widths[req_id] = w
 
         self._last_logprobs = draft_logprobs[:, :, None].contiguous()
         state.drafts.put(req_ids, tokens, draft_logprobs)
@@ -239,6 +242,13 @@ class MTADProposer(DraftModelProposer):
         # Multi-token queries, as a prefill chunk's: priced per prefill token.
         self.speculation.time_part(self.speculation.costs.first_pass, (0, n), mark)
 
+    def rows_with_room(self, width: int, gamma: int) -> int:
+        """Batch rows whose beam tails fit in the draft-only blocks this round (0: none)."""
+        scratch = self.scratch
+        if scratch is None or scratch.base is None:
+            return 0
+        return scratch_rows(scratch, width, gamma, self.block_size)
+
     def _draft_round(self, ctx: "_Round", first_logits: torch.Tensor, plan: CandidatePlan):
         """Beam drafting from the first pass's logits: γ steps, steps 2..γ as B·W rows of one
         draft forward each. Returns the chosen beam's tokens [B, γ] int64, their draft
@@ -250,13 +260,11 @@ class MTADProposer(DraftModelProposer):
             with phase("beam_kv"):
                 bt = self.state.input_batch.block_table[self.kv_cache_gid]
                 num_blocks = torch.from_numpy(bt.num_blocks_per_row[:B].copy()).to(ctx.device)
-                scratch = self.scratch
-                room = scratch is not None and scratch.base is not None
+                room = self.rows_with_room(W, ctx.gamma)
                 layout = BeamKVLayout(ctx.cad.block_table_tensor[:B].clone(), num_blocks,
                                       ctx.first_pos - 1, ctx.gamma, W, self.block_size,
-                                      self.max_model_len, scratch.base if room else 0,
-                                      scratch_rows(scratch, W, ctx.gamma, self.block_size)
-                                      if room else 0)
+                                      self.max_model_len, self.scratch.base if room else 0,
+                                      room)
                 row_width = layout.row_beam_width
                 self._device_stats["narrowed_rows"] += (row_width < W).sum()
         # Rows the plan gives fewer beams (exact greedy: one) keep only those.
@@ -412,7 +420,8 @@ def drafter_stats(worker) -> dict:
     scratch = drafter.scratch
     return (dict(drafter.stats) | {k: int(v) for k, v in drafter._device_stats.items()}
             | {"draft_scratch_bytes": scratch.bytes if scratch else 0,
-               "draft_scratch_blocks": scratch.blocks if scratch else 0}
+               "draft_scratch_blocks": scratch.blocks if scratch else 0,
+               "draft_scratch_rows": scratch.rows if scratch else 0}
             | {"sampler_" + k: v for k, v in getattr(sampler, "stats", {}).items()}
             | {"sampler_draft_store_misses": int(getattr(sampler, "store_misses", 0))}
             | drafter.speculation.snapshot())

@@ -123,7 +123,7 @@ def _with_draft_only_blocks(original):
     def initialize_kv_cache_tensors(self, kv_cache_config, *args, **kwargs):
         from vllm_mtad import draft_scratch
 
-        plan = draft_scratch.plan_for(self)
+        plan = draft_scratch.plan_for(self, pool_blocks=kv_cache_config.num_blocks)
         if plan is None:
             return original(self, kv_cache_config, *args, **kwargs)
         out = original(self, draft_scratch.with_scratch(kv_cache_config, plan), *args, **kwargs)
