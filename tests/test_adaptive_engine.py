@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine_utils import close, generate_ids, make_llm, mtad_spec, spec_counters
+from tests.engine_utils import (close, generate_ids, make_llm, mtad_spec, spec_counters,
+                                token_prompts)
 
 pytestmark = pytest.mark.engine
 
@@ -127,3 +128,32 @@ def test_min_speculative_tokens_forbids_steps_without_a_draft(tiny_pair_dirs):
     arms = [tuple(int(x[1:]) for x in a.split("_")) for a in stats["policy_chosen"]]
     assert arms and all(g >= 1 and w >= 2 for w, g in arms)
     assert stats["policy_catch_up_tokens"] == 0
+
+
+def test_a_request_asking_for_the_fixed_policy_gets_the_fixed_engines_output(tiny_pair_dirs):
+    """speculation_policy "fixed" per request (vllm_xargs) in an adaptive engine: every step
+    the request is in drafts the configured (W, γ), so its seeded output is the one a fixed
+    engine gives, while the engine's other steps follow its own plans (here forced, so that
+    they differ for sure: without the override the same request's output differs)."""
+    from vllm_mtad.speculation import force_plans
+
+    target_dir, draft_dir = tiny_pair_dirs
+    mine = params(40, 1.0, seed=5, top_k=10, extra_args={"speculation_policy": "fixed"})
+    plain = params(40, 1.0, seed=5, top_k=10)
+    fixed_llm = make_llm(target_dir, mtad_spec(draft_dir, gamma=4, width=4), enforce_eager=True)
+    try:
+        want = generate_ids(fixed_llm, PROMPTS[:1], plain)[0]
+    finally:
+        close(fixed_llm)
+    llm = make_llm(target_dir, mtad_spec(draft_dir, gamma=4, width=4,
+                                         speculation_policy="adaptive"), enforce_eager=True)
+    try:
+        llm.collective_rpc(force_plans(SCHEDULE))
+        others = params(40, 1.0, seed=9)
+        outs = llm.generate(token_prompts(PROMPTS[:4]), [mine] + [others] * 3, use_tqdm=False)
+        assert list(outs[0].outputs[0].token_ids) == want
+        # Alone, and without the override: the forced plans change its output.
+        assert generate_ids(llm, PROMPTS[:1], mine)[0] == want
+        assert generate_ids(llm, PROMPTS[:1], plain)[0] != want
+    finally:
+        close(llm)

@@ -174,7 +174,7 @@ def test_request_keys_refuse_engine_wide_keys_and_typos_only():
     cfg = MTADConfig(4, 4, 0.5)
     # vLLM's own and custom logits processors' keys share extra_args: they pass.
     assert request_settings({"kv_transfer_params": {}, "my_processor_arg": 3,
-                             "acceptance_threshold": 0.2}, cfg) == (0.2, "joint")
+                             "acceptance_threshold": 0.2}, cfg) == (0.2, "joint", False)
     for key in ("beam_width", "num_speculative_tokens"):
         with pytest.raises(ValueError, match=f"'{key}' is engine-wide.*'acceptance_threshold'"):
             request_settings({key: 2}, cfg)
@@ -182,6 +182,23 @@ def test_request_keys_refuse_engine_wide_keys_and_typos_only():
                         ("greedy_acceptence", "greedy_acceptance")):
         with pytest.raises(ValueError, match=f"did you mean '{meant}'"):
             request_settings({typo: 0.3}, cfg)
+
+
+def test_a_request_may_ask_for_the_fixed_policy_only_in_an_adaptive_engine():
+    from vllm_mtad.config import MTADConfig, request_settings
+
+    adaptive = MTADConfig(4, 4, 0.5, speculation_policy="adaptive")
+    fixed = MTADConfig(4, 4, 0.5)
+    assert request_settings({"speculation_policy": "fixed"}, adaptive)[2] is True
+    assert request_settings({"speculation_policy": "adaptive"}, adaptive)[2] is False
+    assert request_settings({}, adaptive)[2] is False
+    assert request_settings({"speculation_policy": "fixed"}, fixed)[2] is False  # fixed already
+    with pytest.raises(ValueError, match="'adaptive' needs an engine started with"):
+        request_settings({"speculation_policy": "adaptive"}, fixed)
+    with pytest.raises(ValueError, match=r"'speculation_policy' must be one of \['fixed', "):
+        request_settings({"speculation_policy": "greedy"}, adaptive)
+    with pytest.raises(ValueError, match="did you mean 'speculation_policy'"):
+        request_settings({"speculation_polcy": "fixed"}, adaptive)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

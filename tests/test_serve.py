@@ -102,6 +102,7 @@ def test_per_request_threshold_and_bad_requests_while_others_carry_on(server):
         ({"vllm_xargs": {"greedy_acceptance": "fast"}}, "greedy_acceptance"),
         ({"vllm_xargs": {"acceptnce_threshold": 0.3}}, "did you mean 'acceptance_threshold'"),
         ({"vllm_xargs": {"beam_width": 2}}, "'beam_width' is engine-wide"),
+        ({"vllm_xargs": {"speculation_policy": "adaptive"}}, "'adaptive' needs an engine"),
         ({"max_tokens": -3}, "max_tokens"),
         ({"temperature": -1.0}, "temperature"),
     ]

@@ -99,7 +99,7 @@ ADDITIONAL_CONFIG_KEY = "mtad"
 MTAD_KEYS = ("beam_width", "acceptance_threshold", "greedy_acceptance", "speculation_policy",
              "min_beam_width", "min_speculative_tokens", "beam_kv_fraction")
 # Per-request overrides, read from SamplingParams.extra_args (OpenAI server: "vllm_xargs").
-REQUEST_KEYS = ("acceptance_threshold", "greedy_acceptance")
+REQUEST_KEYS = ("acceptance_threshold", "greedy_acceptance", "speculation_policy")
 # vLLM's verification settings: MTAD has its own acceptance (acceptance_threshold,
 # greedy_acceptance), so these are refused naming the key. rejection_sample_method picks vLLM's
 # rule (0.32: standard, synthetic, block; 0.33 adds "fly", FLy's lossy verification) and
@@ -232,8 +232,12 @@ def check_request_keys(extra_args: dict[str, Any]) -> None:
                              f"keys a request can set: {allowed}.")
 
 
-def request_settings(extra_args: dict[str, Any] | None, default: MTADConfig) -> tuple[float, str]:
-    """(τ, greedy mode) for one request: its extra_args overrides, else the engine's settings.
+def request_settings(extra_args: dict[str, Any] | None, default: MTADConfig
+                     ) -> tuple[float, str, bool]:
+    """(τ, greedy mode, fixed) for one request: its extra_args overrides, else the engine's
+    settings. ``fixed``: the request asked for ``speculation_policy: "fixed"`` in an adaptive
+    engine (every step it is in drafts the configured W and γ); a fixed engine's requests are
+    fixed already, and cannot ask for "adaptive" (that engine measures no costs).
 
     Raises ValueError naming the key for a bad override (the front end turns it into a 400).
     """
@@ -245,7 +249,15 @@ def request_settings(extra_args: dict[str, Any] | None, default: MTADConfig) -> 
         tau = check_threshold("acceptance_threshold", extra_args["acceptance_threshold"])
     if "greedy_acceptance" in extra_args:
         mode = check_greedy_acceptance("greedy_acceptance", extra_args["greedy_acceptance"])
-    return tau, mode
+    policy = extra_args.get("speculation_policy", default.speculation_policy)
+    if policy not in SPECULATION_POLICIES:
+        raise ValueError(f"MTAD setting 'speculation_policy' must be one of "
+                         f"{list(SPECULATION_POLICIES)}, got {policy!r}.")
+    if policy == "adaptive" and default.speculation_policy == "fixed":
+        raise ValueError("MTAD setting 'speculation_policy' 'adaptive' needs an engine started "
+                         "with \"speculation_policy\": \"adaptive\" (this one drafts the "
+                         "configured W and γ every step); a request can only ask for 'fixed'.")
+    return tau, mode, policy == "fixed" and default.speculation_policy == "adaptive"
 
 
 def _looks_local(name: str) -> bool:

@@ -107,7 +107,7 @@ class MTADProposer(DraftModelProposer):
         exact_host, seed_list, greedy_host = rows.exact, rows.seeds, rows.greedy
         starts = ib.num_computed_tokens_cpu[:B]
         plan = spec.plan(rows.classes, int(kwargs["target_token_ids"].shape[0]), req_ids,
-                         starts, state.requests)
+                         starts, state.requests, fixed=rows.fixed)
         gamma = min(plan.num_tokens, num_speculative_tokens)
         W = plan.beam_width
         gaps = state.kv.step(req_ids, starts, drafting=gamma > 0)

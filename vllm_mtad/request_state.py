@@ -47,6 +47,7 @@ class RequestSettings:
     tau: float  # acceptance threshold τ
     exact: bool  # greedy acceptance "exact" (else "joint")
     seed: int  # key of the request's noise
+    fixed: bool = False  # asked for speculation_policy "fixed" in an adaptive engine
 
 
 @dataclass
@@ -58,6 +59,7 @@ class Rows:
     seeds: list[int]
     greedy: list[bool]  # temperature 0
     classes: list[str]  # policy.CLASSES: "sampled", "joint" or "exact"
+    fixed: bool = False  # a row asked for the fixed policy: the step drafts the configured plan
 
 
 class DraftStore:
@@ -208,11 +210,11 @@ class MTADRequestState:
         if s is None:
             params = self.requests[req_id].sampling_params
             try:
-                tau, mode = request_settings(params.extra_args, self.cfg)
+                tau, mode, fixed = request_settings(params.extra_args, self.cfg)
             except ValueError as e:
                 raise ValueError(f"request {req_id!r}: {e}") from e
             s = self.settings[req_id] = RequestSettings(tau, mode == "exact",
-                                                        request_seed(params, req_id))
+                                                        request_seed(params, req_id), fixed)
         return s
 
     def rows(self, req_ids: list[str]) -> Rows:
@@ -223,7 +225,7 @@ class MTADRequestState:
         exact = [s.exact for s in settings]
         classes = [("exact" if e else "joint") if g else "sampled" for g, e in zip(greedy, exact)]
         return Rows([s.tau for s in settings], exact, [s.seed for s in settings], greedy,
-                    classes)
+                    classes, any(s.fixed for s in settings))
 
     # --- the batch ----------------------------------------------------------------------------
     def batch_plan(self, num_rows: int, vocab_size: int, beam_width: int

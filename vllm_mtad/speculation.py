@@ -183,11 +183,12 @@ class SpeculationController:
 
     # --- the decision ---------------------------------------------------------------------
     def plan(self, classes: list[str], scheduled_tokens: int, req_ids=(), starts=(),
-             requests=None) -> policy.Plan:
+             requests=None, fixed: bool = False) -> policy.Plan:
         """(W, γ) for this step's drafts; also closes the verify part of the step's timing.
         ``req_ids``, ``starts`` (their computed tokens) and ``requests`` (the runner's) say
         what the draft owes from steps without drafting and how long the requests have left
-        to run, over which the policy spreads what the draft owes."""
+        to run, over which the policy spreads what the draft owes. ``fixed``: a request in the
+        step asked for the fixed policy, so the step drafts the configured (W, γ)."""
         prefill = policy.prefill_tokens(len(classes), scheduled_tokens, self._verified_drafts)
         self.prefill_tokens = prefill  # the proposer's first-pass sample splits on it
         if self._step_start is not None:
@@ -198,10 +199,10 @@ class SpeculationController:
         only_exact = all(c == "exact" for c in classes)  # they draft the argmax chain
         if self.adaptive:  # timings are taken under forced plans too: fit them as they come
             self._resolve()
-        if self.forced:
+        if self.forced and not fixed:
             w, g = self.forced[(self.steps - 1) % len(self.forced)]
             plan = policy.Plan(1 if only_exact else w, g)
-        elif self.adaptive:
+        elif self.adaptive and not fixed:
             if self.steps % self.stats_period == 0:
                 self._read_acceptance()
             kv = self.requests.kv

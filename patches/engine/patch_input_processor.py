@@ -1,7 +1,8 @@
 """Validate per-request MTAD overrides in the front end.
 
 Target: vllm.v1.engine.input_processor.InputProcessor._validate_params
-Why: a request may override ``acceptance_threshold`` / ``greedy_acceptance`` through
+Why: a request may override ``acceptance_threshold`` / ``greedy_acceptance`` /
+    ``speculation_policy`` (``"fixed"`` in an adaptive engine) through
     ``SamplingParams.extra_args`` (OpenAI: ``vllm_xargs``). A bad value must be refused with a
     4xx for that request, not reach the workers.
 How: wraps the method; for MTAD engines it checks those keys after vLLM's own checks and raises
