@@ -85,6 +85,44 @@ def test_acceptance_stats_prior_and_measured():
     assert s.expected_accepted(4, 4) > 3.9  # per-width statistics stay apart
 
 
+def test_drafts_read_together_weigh_the_same_whatever_their_order():
+    """The sampler's histogram is read every few steps (and once after forced plans), cell by
+    cell in order of acceptance. Read as one batch, the estimate is its mean (up to the small
+    prior), whatever the order of the cells, and equals recording the same drafts one by one
+    in a shuffled order."""
+    import random
+
+    cells = [(4, 0, 10), (4, 2, 10), (4, 4, 100)]  # mean accepted 3.5
+    est = []
+    for order in (cells, cells[::-1]):
+        s = AcceptanceStats(beam_width=4, max_tokens=4)
+        s.record_batch(1, order)
+        est.append(s.expected_accepted(1, 4))
+        assert s.drafts == 120
+    assert est[0] == pytest.approx(est[1], abs=1e-12)
+    assert est[0] == pytest.approx(3.5, abs=0.05)
+    draws = [a for _, a, n in cells for _ in range(n)]
+    # Through the controller: the sampler's device histogram, read once after many steps.
+    import torch
+
+    from vllm_mtad.config import MTADConfig
+    from vllm_mtad.speculation import SpeculationController
+
+    spec = SpeculationController(MTADConfig(4, 4, speculation_policy="adaptive"),
+                                 torch.device("cpu"))
+    for step in range(0, len(draws), 16):  # 16 rows a step, drawn in no particular order
+        part = draws[step:step + 16]
+        spec.record_acceptance(["sampled"] * len(part), [1] * len(part),
+                               torch.full((len(part),), 4), torch.tensor(part))
+    spec._read_acceptance()
+    assert spec.stats["sampled"].expected_accepted(1, 4) == pytest.approx(est[0], abs=1e-9)
+    random.Random(0).shuffle(draws)
+    one_by_one = AcceptanceStats(beam_width=4, max_tokens=4)
+    for a in draws:
+        one_by_one.record(1, 4, a)
+    assert one_by_one.expected_accepted(1, 4) == pytest.approx(est[0], abs=0.08)
+
+
 def test_no_history_drafts_the_configured_setting():
     b = Bounds(beam_width=4, max_tokens=4)
     plan = choose(Batch({"sampled": 8}), CostModel(), policy.new_stats(4, 4), b, step=1)

@@ -161,6 +161,7 @@ class SpeculationController:
     def _read_acceptance(self) -> None:
         now = self._hist.tolist()
         G, W = self.cfg.num_speculative_tokens, self.cfg.beam_width
+        cells: dict = {}  # (class, width) -> [(drafted, accepted, count)] since the last read
         for i, (a, b) in enumerate(zip(now, self._hist_read)):
             if a == b:
                 continue
@@ -168,7 +169,9 @@ class SpeculationController:
             drafted = (i // (G + 1)) % (G + 1)
             width = (i // ((G + 1) * (G + 1))) % W + 1
             cls = policy.CLASSES[i // (W * (G + 1) * (G + 1))]
-            self.stats[cls].record(width, drafted, accepted, a - b)
+            cells.setdefault((cls, width), []).append((drafted, accepted, a - b))
+        for (cls, width), counts in cells.items():
+            self.stats[cls].record_batch(width, counts)
         self._hist_read = now
 
     def verified(self) -> tuple[int, int]:

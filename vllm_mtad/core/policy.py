@@ -189,18 +189,29 @@ class AcceptanceStats:
     def record(self, width: int, num_drafted: int, num_accepted: int, count: int = 1) -> None:
         """``count`` drafts of ``num_drafted`` tokens by ``width`` beams, each with
         ``num_accepted`` accepted."""
-        if num_drafted <= 0 or count <= 0:
+        self.record_batch(width, [(num_drafted, num_accepted, count)])
+
+    def record_batch(self, width: int, cells) -> None:
+        """Drafts by ``width`` beams verified in one window, as (drafted, accepted, count)
+        cells: the older counts decay once by their total, and every new draft weighs the
+        same. (Recording the cells one after another would decay the first ones by the
+        later ones' counts: a histogram read in order of acceptance, after many steps, then
+        reads as far more optimistic than its mean; measured on the real pair, 3.74 accepted
+        tokens expected where 173 drafts had 3.49.)"""
+        cells = [(d, a, n) for d, a, n in cells if d > 0 and n > 0]
+        if not cells:
             return
         w = min(max(width, 1), self.beam_width) - 1
-        keep = self.decay ** count
+        keep = self.decay ** sum(n for _, _, n in cells)
         for row in (self.drafted[w], self.passed[w]):
             for i in range(self.max_tokens):
                 row[i] *= keep
-        for i in range(min(num_drafted, self.max_tokens)):
-            self.drafted[w][i] += count
-            if num_accepted > i:
-                self.passed[w][i] += count
-        self.drafts += count
+        for num_drafted, num_accepted, count in cells:
+            for i in range(min(num_drafted, self.max_tokens)):
+                self.drafted[w][i] += count
+                if num_accepted > i:
+                    self.passed[w][i] += count
+            self.drafts += count
 
     def pass_rate(self, width: int, position: int) -> float:
         """P(accepted >= position | drafted >= position, width)."""
