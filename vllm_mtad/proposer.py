@@ -150,7 +150,7 @@ class MTADProposer(DraftModelProposer):
         # there; patches/worker/patch_gpu_model_runner.py lets MTAD draft).
         steps = (self.max_model_len - (p + 1) - 1).clamp(0, gamma)
         ctx = _Round(B, W, gamma, V, dev, temp, top_k, top_p, greedy, seeds, p + 1, any_sampled,
-                     cad, steps, widths)
+                     cad, steps, widths, room)
         beams_started = time.perf_counter()
         self.stats["first_pass_s"] += beams_started - started
         first_tokens = int(cad.num_actual_tokens)
@@ -260,11 +260,10 @@ class MTADProposer(DraftModelProposer):
             with phase("beam_kv"):
                 bt = self.state.input_batch.block_table[self.kv_cache_gid]
                 num_blocks = torch.from_numpy(bt.num_blocks_per_row[:B].copy()).to(ctx.device)
-                room = self.rows_with_room(W, ctx.gamma)
                 layout = BeamKVLayout(ctx.cad.block_table_tensor[:B].clone(), num_blocks,
                                       ctx.first_pos - 1, ctx.gamma, W, self.block_size,
-                                      self.max_model_len, self.scratch.base if room else 0,
-                                      room)
+                                      self.max_model_len, self.scratch.base if ctx.room else 0,
+                                      ctx.room)
                 row_width = layout.row_beam_width
                 self._device_stats["narrowed_rows"] += (row_width < W).sum()
         # Rows the plan gives fewer beams (exact greedy: one) keep only those.
@@ -397,6 +396,7 @@ class _Round:
     cad: CommonAttentionMetadata  # the first pass's
     steps: torch.Tensor  # [B] int64, draft steps of each row (fewer than γ near max_model_len)
     widths: torch.Tensor  # [B] int64, beams of each row (<= W; 1 for exact greedy rows)
+    room: int  # rows whose beam tails fit in the draft-only blocks this round
     _qsl: tuple | None = None
 
     def query_start_loc(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
