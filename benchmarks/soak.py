@@ -22,7 +22,9 @@ the preemption point differs from an unpreempted run — as vLLM's own speculati
 seeded samples do (docs/usage.md#limits-in-detail; vLLM does not say which requests it preempted). The run
 fails if a greedy "exact" request differs (its output is the target's greedy output whatever
 happens), if any request differs without a preemption in the run, or if a differing request
-gives two different outputs in two runs alone. Reports (JSON for every raw figure, Markdown, PNG) go to
+gives two different outputs in two runs alone (it is then run a third time alone, and the
+failure line says which of its runs agree and what vLLM's running/waiting gauges read after
+each run alone). Reports (JSON for every raw figure, Markdown, PNG) go to
 ``benchmarks/results/`` (``--out`` elsewhere): requests sent / completed / cancelled / failed,
 HTTP statuses, preemptions, the spec-decode counters, the requests that differ alone by kind,
 and memory at the end of warm-up and at the end with the drift between them.
@@ -115,6 +117,7 @@ class Outcome:
     completion_tokens: int | None = None
     error: str | None = None
     seconds: float = 0.0
+    engine_after: tuple | None = None  # replays: vLLM's (running, waiting) just after
 
 
 async def _sse_lines(resp):
@@ -264,7 +267,12 @@ async def _replay(server: Server, reqs: dict, outcomes: list[Outcome], progress:
     pairs = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
         for out in tqdm(outcomes, desc="alone", unit="req", disable=not progress):
-            pairs.append((out, await send(client, server.base, reqs[out.i], None)))
+            alone = await send(client, server.base, reqs[out.i], None)
+            # What vLLM's gauges said just after: a replay that was not alone shows here.
+            m = await asyncio.get_running_loop().run_in_executor(None, read_metrics, server.base)
+            alone.engine_after = (m.get("vllm:num_requests_running"),
+                                  m.get("vllm:num_requests_waiting"))
+            pairs.append((out, alone))
     return pairs
 
 
@@ -316,8 +324,17 @@ def run_soak(server: Server, *, clients: int = 64, duration: float = 300.0,
     # every time (else the difference is not preemption but state leaking between requests).
     again = asyncio.run(_replay(server, reqs, [a for a, b in pairs
                                                if signature(a) != signature(b)], False))
-    unstable = [a.i for (a, b) in again
-                if signature(b) != next(signature(y) for x, y in pairs if x.i == a.i)]
+    first = {x.i: y for x, y in pairs}
+    unstable = [a.i for (a, b) in again if signature(b) != signature(first[a.i])]
+    # Each of those a third time alone, and every run of it kept: which runs agree, and
+    # whether the engine was idle around them, say more than the fact that two differ.
+    third = asyncio.run(_replay(server, reqs, [a for a, _ in again if a.i in unstable], False))
+    second = {x.i: y for x, y in again}
+    unstable_runs = [{"i": a.i, "kind": a.kind, "request": reqs[a.i]["body"],
+                      "runs": {name: asdict(o) for name, o in
+                               (("under_load", a), ("alone_1", first[a.i]),
+                                ("alone_2", second[a.i]), ("alone_3", c))}}
+                     for a, c in third]
 
     import requests
 
@@ -353,6 +370,7 @@ def run_soak(server: Server, *, clients: int = 64, duration: float = 300.0,
         "replay_mismatches": mismatches,
         "replay_mismatches_by_kind": _count(m["kind"] for m in mismatches),
         "differing_requests_unstable_alone": unstable,
+        "unstable_alone_runs": unstable_runs,
         "replayed_by_kind": _count(a.kind for a, _ in pairs),
         "alive_after": alive,
         "memory": memory_summary(samples, warm),
@@ -380,7 +398,8 @@ def failures(result: dict, memory_bound: float) -> list[str]:
                    "output is the target's greedy output, whatever the batch or preemption)")
     if result["differing_requests_unstable_alone"]:
         out.append(f"requests {result['differing_requests_unstable_alone'][:5]} gave different "
-                   "outputs in two runs alone")
+                   "outputs in two runs alone: " + "; ".join(
+                       _runs_line(r) for r in result.get("unstable_alone_runs", [])[:3]))
     if result["replay_mismatches"] and result["preemptions"] <= 0:
         out.append(f"{len(result['replay_mismatches'])} requests differ alone without any "
                    "preemption")
@@ -404,6 +423,24 @@ def failures(result: dict, memory_bound: float) -> list[str]:
                    f"({100 * mem['drift_fraction']:.1f} %) after warm-up, bound "
                    f"{100 * memory_bound:.0f} %")
     return out
+
+
+def _runs_line(record: dict) -> str:
+    """One unstable request: its kind, which of its runs agree (same letter: same output)
+    and vLLM's (running, waiting) gauges just after each run alone."""
+    runs = record["runs"]
+    sigs: list = []
+    letters = []
+    for o in runs.values():
+        sig = (sorted((str(k), v) for k, v in o["texts"].items()),
+               sorted((str(k), v) for k, v in o["finish"].items()), o["completion_tokens"])
+        if sig not in sigs:
+            sigs.append(sig)
+        letters.append("ABCD"[sigs.index(sig)])
+    gauges = [tuple(o["engine_after"] or ()) for name, o in runs.items() if name != "under_load"]
+    return (f"#{record['i']} {record['kind']}: under load/alone 1/2/3 = {'/'.join(letters)}, "
+            f"tokens {[o['completion_tokens'] for o in runs.values()]}, engine (running, "
+            f"waiting) after each alone run {gauges}")
 
 
 # ---------------------------------------------------------------- the program
