@@ -34,7 +34,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from benchmarks.common import RESULTS, environment, markdown_table, write_outputs
+from benchmarks.common import environment, markdown_table, write_outputs
 from benchmarks.humaneval_check import run_checks
 from devtools.engine import (build_llm, close, counters_delta, draft_model_spec, mtad_spec,
                              spec_counters)

@@ -94,7 +94,7 @@ class MTADRejectionSampler(RejectionSampler):
 
     def _accept(self, metadata, target: "_FlatTarget", bonus_token_ids, draft_probs,
                 sampling_metadata):
-        B, gamma, dev = target.B, target.gamma, target.device
+        B, dev = target.B, target.device
         state = self.state
         req_ids = state.req_ids(B)
         greedy = ~target.sampled
