@@ -180,3 +180,22 @@ def test_policy_grid_on_tiny_pair(tmp_path):
     # The fixed configuration drafts (4, 4) every step; exact batches draft one beam.
     assert cells[("T=1", 2, "mtad_fixed")]["chosen"].startswith("W4_g4")
     assert cells[("T=0 exact", 2, "mtad_fixed")]["chosen"].startswith("W1_g4")
+
+
+@pytest.mark.system
+@pytest.mark.slow
+def test_step_phases_on_tiny_pair(tmp_path):
+    run_module(["benchmarks.step_phases", "--tiny", "--tokens", "12", "--repeats", "2",
+                "--out", str(tmp_path / "out")], tmp_path)
+    data = json.loads((tmp_path / "out" / "step_phases.json").read_text())
+    assert data["environment"]["cpu_model"] and data["built"] == ["vllm_sd", "mtad"]
+    runs = data["runs"]
+    assert len(runs) == 4 and all(r["tokens"] == 12 * 4 for r in runs)
+    # At T=0 "exact" MTAD drafts vLLM's greedy chain with one beam: the same drafts, verified
+    # by the same rule, so the same number of steps (the phases are compared per step).
+    assert len({r["steps"] for r in runs}) == 1
+    for r in runs:
+        ms = r["ms_per_step"]
+        assert (ms["beam_kv"] > 0) == (r["engine"] == "mtad")
+        assert ms["target_forward"] > 0 and ms["draft_forward"] > 0
+        assert ms["whole_step"] <= r["wall_ms_per_step"] * 1.01
