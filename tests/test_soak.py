@@ -7,6 +7,8 @@ engine, greedy "exact" requests identical alone and no more requests differing a
 preempted, spec-decode counters consistent, the server alive after. The memory bound is looser
 than the program's (10 % instead of 5 %) because the run is short: resident memory grows for
 about the first minute of load (allocator warm-up) and is flat after it in the long run.
+Under parallel workers it runs with no other test beside it (the ``alone`` marker,
+tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 from benchmarks import soak
 from benchmarks.server import free_port, running_server, serve_command
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.alone]
 
 
 def test_short_soak(tiny_pair_dirs, tmp_path):
