@@ -432,8 +432,7 @@ def _runs_line(record: dict) -> str:
     sigs: list = []
     letters = []
     for o in runs.values():
-        sig = (sorted((str(k), v) for k, v in o["texts"].items()),
-               sorted((str(k), v) for k, v in o["finish"].items()), o["completion_tokens"])
+        sig = signature(Outcome(**o))
         if sig not in sigs:
             sigs.append(sig)
         letters.append("ABCD"[sigs.index(sig)])
