@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from vllm_mtad.beam_kv import BeamKVLayout, scratch_blocks, tail_blocks
+from vllm_mtad.beam_kv import BeamKVLayout, chain_step_kv, scratch_blocks, tail_blocks
 
 pytestmark = pytest.mark.unit
 
@@ -149,3 +149,30 @@ def test_tail_in_the_last_block_of_the_context_keeps_the_scratch_blocks():
     assert last[1] == 100 and last[2] == 102  # beams 1, 2: their scratch (2 blocks per beam)
     assert kv.slot_mapping.tolist()[1:] == [100 * bs + (p.item() + 1) % bs,
                                             102 * bs + (p.item() + 1) % bs]
+
+
+@pytest.mark.parametrize("max_model_len", [10_000, 42])
+@pytest.mark.parametrize("bs", [1, 4, 16])
+def test_the_argmax_chain_plans_what_a_one_beam_layout_plans(bs, max_model_len):
+    """The all-"exact" round's shortcut (chain_step_kv) writes, reads and attends exactly where
+    a one-beam BeamKVLayout does, near the end of the context too (max_model_len 42: some rows'
+    later steps write nothing), with no copies."""
+    gamma, ps = 6, [3, 15, 16, 31, 37, 40]
+    owned = [min((p + gamma) // bs + 1, (max_model_len + bs - 1) // bs) for p in ps]
+    C = max(owned) + 2
+    ids = list(range(1, 1000))
+    random.Random(bs).shuffle(ids)
+    rows, start = [], 0
+    for n in owned:
+        rows.append(ids[start:start + n] + [0] * (C - n))
+        start += n
+    table, num_blocks, p = torch.tensor(rows), torch.tensor(owned), torch.tensor(ps)
+    layout = BeamKVLayout(table, num_blocks, p, gamma, 1, bs, max_model_len, 1000, len(ps))
+    for t in range(2, gamma + 1):
+        want = layout.step(torch.zeros(len(ps), 1, dtype=torch.int64), t)
+        got = chain_step_kv(table, num_blocks, p, t, bs, max_model_len)
+        assert int(want.num_copies) == int(got.num_copies) == 0
+        for name in ("block_table", "slot_mapping", "positions", "seq_lens"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), (name, t)
+    # Some writes were refused (past max_model_len), so the case above reaches that branch.
+    assert max_model_len > 100 or (got.slot_mapping == -1).any()

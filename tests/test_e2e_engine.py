@@ -115,6 +115,19 @@ def test_same_seed_same_output_across_runs_and_batches(tiny_pair_dirs, engines):
     assert other_seed != alone and again[1] != alone
 
 
+def test_sampled_request_keeps_its_beams_under_a_greedy_exact_setting(tiny_pair_dirs, engines):
+    """"exact" is a greedy acceptance mode: a sampled request that sets it (or runs in an
+    engine that does) draws from W beams as any sampled request, so its seeded output is the
+    same with and without the setting. (A bug once gave such rows the exact rows' one beam.)"""
+    llm = shared_mtad(engines, tiny_pair_dirs)
+    outputs = []
+    for extra in ({}, {"greedy_acceptance": "exact"}):
+        params = [sampled_params(30, seed=50 + i, top_k=10, top_p=0.9, extra_args=extra)
+                  for i in range(len(PROMPTS))]
+        outputs.append(generate_ids(llm, PROMPTS, params))
+    assert outputs[0] == outputs[1]
+
+
 def test_top_k_alone_with_prefill_only_steps(tiny_pair_dirs, engines):
     """Regression: a step where no request has drafts (all prefill) with a top-k-only request
     crashed in vLLM's apply_top_k_only on an empty tensor."""
@@ -194,12 +207,25 @@ def test_mixed_batch_each_request_keeps_its_constraints(tiny_pair_dirs, tiny_pai
 
 
 def test_greedy_exact_equals_target_greedy(tiny_pair_dirs, tiny_pair, engines):
+    """Greedy "exact" output is the target's greedy output, and its drafts are the ones vLLM's
+    own speculative decoding makes with the same draft (its greedy chain): an all-exact batch
+    drafts by the argmax-chain shortcut (no beams, no log-probs), and vLLM's counters (drafts,
+    draft tokens, accepted tokens by position) match vLLM's draft_model method's."""
     target_dir, draft_dir = tiny_pair_dirs
     want = generate_ids(shared_plain(engines, tiny_pair_dirs), PROMPTS, greedy_params())
-    llm = engines.get(target_dir, mtad_spec(draft_dir, 4, 4, greedy_acceptance="exact"))
+    sd = engines.get(target_dir, {"method": "draft_model", "model": str(draft_dir),
+                                  "num_speculative_tokens": 4}, disable_log_stats=False)
+    assert generate_ids(sd, PROMPTS, greedy_params()) == want
+    sd_counters = spec_counters(sd)
+    llm = engines.get(target_dir, mtad_spec(draft_dir, 4, 4, greedy_acceptance="exact"),
+                      disable_log_stats=False)
     got = generate_ids(llm, PROMPTS, greedy_params())
     assert got == want
     assert got[0] == ref.greedy_decode(tiny_pair[0], PROMPTS[0], 40)
+    assert spec_counters(llm) == sd_counters and sd_counters["accepted"] > 0
+    stats = drafter_counters(llm)
+    assert stats["chain_rounds"] == stats["rounds"] > 0
+    assert stats["copied_blocks"] == 0
 
 
 def test_greedy_joint_matches_reference_across_block_boundaries(tiny_pair_dirs, tiny_pair, engines):
@@ -570,3 +596,12 @@ def test_drafting_through_the_end_of_the_context(tiny_pair_dirs, tiny_pair, engi
                             ref.Sampling(temperature=0.0), max_len=max_len).token_ids
         assert alone == want and together == want
     assert stats["sampler_draft_store_misses"] == 0  # no verified draft without probabilities
+    # The same prompts as greedy "exact" (the argmax-chain shortcut, its rows past the end of
+    # their context writing nothing): the target's greedy output.
+    before = drafter_counters(llm)
+    exact = generate_ids(llm, prompts, [greedy_params(max_len - len(p), extra_args={
+        "greedy_acceptance": "exact"}) for p in prompts])
+    stats = stats_delta(drafter_counters(llm), before)
+    for prompt, tokens in zip(prompts, exact):
+        assert tokens == ref.greedy_decode(tiny_pair[0], prompt, max_len - len(prompt))
+    assert stats["chain_rounds"] == stats["rounds"] > 0

@@ -167,3 +167,30 @@ class BeamKVLayout:
                           copy_src=torch.where(need_copy, src, NULL_BLOCK).reshape(-1),
                           copy_dst=torch.where(need_copy, dst, NULL_BLOCK).reshape(-1),
                           num_copies=need_copy.sum())
+
+
+def chain_step_kv(block_table: torch.Tensor, num_blocks: torch.Tensor,
+                  bonus_positions: torch.Tensor, t: int, block_size: int,
+                  max_model_len: int) -> BeamStepKV:
+    """KV plan for draft step t (>= 2) of one beam per row, the request's own chain: what
+    ``BeamKVLayout(..., beam_width=1).step`` plans, without its tail bookkeeping. The beam
+    writes position p+t-1 in the request's own blocks (vLLM's own draft chain writes there),
+    so the table is the request's and nothing is copied.
+
+    Args:
+        block_table: [B, C] int block ids; num_blocks: [B] int, valid columns;
+        bonus_positions: [B] int64, p.
+    """
+    B, C = block_table.shape
+    bs = block_size
+    wpos = bonus_positions.to(torch.int64) + t - 1  # [B] position written at this step
+    col = (wpos // bs).clamp(max=C - 1)
+    writable = (wpos < max_model_len) & (wpos // bs < num_blocks.to(wpos.device))
+    block = block_table.gather(1, col[:, None])[:, 0].to(torch.int64)
+    slots = torch.where(writable, block * bs + wpos % bs, torch.full_like(wpos, PADDING_SLOT))
+    positions = wpos.clamp(max=max_model_len - 1)
+    none = torch.zeros(0, dtype=torch.int64, device=wpos.device)
+    return BeamStepKV(block_table=block_table.to(torch.int32), slot_mapping=slots,
+                      positions=positions, seq_lens=(positions + 1).to(torch.int32),
+                      copy_src=none, copy_dst=none, num_copies=torch.zeros((), dtype=torch.int64,
+                                                          device=wpos.device))

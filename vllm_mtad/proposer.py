@@ -29,7 +29,7 @@ from vllm.forward_context import set_forward_context
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
-from vllm_mtad.beam_kv import BeamKVLayout, tail_blocks
+from vllm_mtad.beam_kv import BeamKVLayout, chain_step_kv, tail_blocks
 from vllm_mtad.config import from_additional_config
 from vllm_mtad.core import beam_step, best_beam, is_greedy, keep_rows
 from vllm_mtad.core.processing import CandidatePlan, draft_candidates
@@ -58,7 +58,8 @@ class MTADProposer(DraftModelProposer):
         # Counters for benchmarks and tests. Host counters are plain ints; the device ones are
         # summed on the device and read only by drafter_stats() (no sync in the beam loop).
         self.stats = {"rounds": 0, "rows": 0, "beam_steps": 0, "dense_rounds": 0,
-                      "dense_redos": 0, "first_pass_s": 0.0, "beam_steps_s": 0.0}
+                      "dense_redos": 0, "chain_rounds": 0, "first_pass_s": 0.0,
+                      "beam_steps_s": 0.0}
         self._device_stats = {"narrowed_rows": torch.zeros((), dtype=torch.int64, device=device),
                               "copied_blocks": torch.zeros((), dtype=torch.int64, device=device)}
 
@@ -133,10 +134,12 @@ class MTADProposer(DraftModelProposer):
         seeds = torch.tensor(seed_list, dtype=torch.int64).to(dev)
         temp, top_k, top_p = row_sampling_params(sampling_metadata, B, dev)
         greedy = is_greedy(temp)
-        # [B] beams per row: one for exact rows (the draft's argmax chain) and for the rows
-        # past those whose beam tails fit in the draft-only blocks (draft_scratch).
+        # [B] beams per row: one for greedy "exact" rows (the draft's argmax chain; a sampled
+        # request's greedy setting does not apply to it) and for the rows past those whose
+        # beam tails fit in the draft-only blocks (draft_scratch).
+        chain = [e and g for e, g in zip(exact_host, greedy_host)]
         room = B if gamma < 2 else self.rows_with_room(W, gamma)
-        row_widths = [1 if e or b >= room else W for b, e in enumerate(exact_host)]
+        row_widths = [1 if c or b >= room else W for b, c in enumerate(chain)]
         widths = torch.tensor(row_widths, dtype=torch.int64).to(dev)
 
         p = self.positions[token_indices].to(torch.int64)  # [B] position of the bonus token
@@ -156,22 +159,31 @@ class MTADProposer(DraftModelProposer):
         first_tokens = int(cad.num_actual_tokens)
         beam_mark = spec.mark()
 
-        tokens, draft_logprobs, overflow = self._draft_round(ctx, logits, plan_k)
-        if plan_k.num_candidates is None:
-            self.stats["dense_rounds"] += 1
-        elif bool(overflow.any()):
-            # Ties at some row's k-th value reach past the candidates (rare: the slack grows
-            # with k; a host read once per round, after the beam loop): redo the round with
-            # every token. The beams' KV is rewritten by the redo before anything reads it.
-            self.stats["dense_redos"] += 1
-            tokens, draft_logprobs, _ = self._draft_round(
-                ctx, logits, replace(plan_k, num_candidates=None))
-            beam_mark = mark = None  # two rounds: not a representative timing
+        chain_round = all(chain)
+        if chain_round:
+            # Every row drafts the argmax chain (exact acceptance reads no draft probability):
+            # no beams, no log-probabilities, no beam layout; vLLM's own draft loop's work.
+            tokens, draft_logprobs = self._argmax_chain(replace(ctx, W=1), logits)
+            self.stats["chain_rounds"] += 1
+        else:
+            tokens, draft_logprobs, overflow = self._draft_round(ctx, logits, plan_k)
+            if plan_k.num_candidates is None:
+                self.stats["dense_rounds"] += 1
+            elif bool(overflow.any()):
+                # Ties at some row's k-th value reach past the candidates (rare: the slack
+                # grows with k; a host read once per round, after the beam loop): redo the
+                # round with every token. The beams' KV is rewritten by the redo before
+                # anything reads it.
+                self.stats["dense_redos"] += 1
+                tokens, draft_logprobs, _ = self._draft_round(
+                    ctx, logits, replace(plan_k, num_candidates=None))
+                beam_mark = mark = None  # two rounds: not a representative timing
         # The first pass read the step's decode tokens and its prefill chunks.
         first_size = (max(first_tokens - spec.prefill_tokens, 0), spec.prefill_tokens)
         if gamma > 1:
             spec.time_part(spec.costs.first_pass, first_size, mark, beam_mark)
-            spec.time_part(spec.costs.beam_step, B * W, beam_mark, count=gamma - 1)
+            spec.time_part(spec.costs.beam_step, B * (1 if chain_round else W), beam_mark,
+                           count=gamma - 1)
         else:
             spec.time_part(spec.costs.first_pass, first_size, mark)
         for req_id, w in zip(req_ids, row_widths):
@@ -297,6 +309,30 @@ class MTADProposer(DraftModelProposer):
 
         tokens, draft_logprobs = best_beam(state)
         return tokens, draft_logprobs, overflow
+
+    def _argmax_chain(self, ctx: "_Round", first_logits: torch.Tensor):
+        """The draft model's argmax chain of every row (``ctx.W`` = 1), as vLLM's own draft
+        loop drafts it: [B, γ] int64 tokens and [B, γ] zero log-probs (exact acceptance does
+        not read them). A row whose context ends before step t repeats its last token there
+        (never verified), as a beam round's placeholder does."""
+        with phase("draft_vocab"):
+            token = first_logits.argmax(dim=-1)  # [B]
+        tokens = [token]
+        if ctx.gamma > 1:
+            with phase("beam_kv"):
+                bt = self.state.input_batch.block_table[self.kv_cache_gid]
+                num_blocks = torch.from_numpy(bt.num_blocks_per_row[:ctx.B].copy()).to(ctx.device)
+                table = ctx.cad.block_table_tensor[:ctx.B]
+        for t in range(2, ctx.gamma + 1):
+            with phase("beam_kv"):
+                kv = chain_step_kv(table, num_blocks, ctx.first_pos - 1, t, self.block_size,
+                                   self.max_model_len)
+            logits = self._beam_forward(token, kv, ctx, t)  # [B, V]
+            with phase("draft_vocab"):
+                token = torch.where(t > ctx.steps, token, logits.argmax(dim=-1))
+            tokens.append(token)
+        tokens = torch.stack(tokens, dim=1)
+        return tokens, torch.zeros(tokens.shape, dtype=torch.float32, device=ctx.device)
 
     def _copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy whole blocks src -> dst in every draft layer (gather first: permutation-safe)."""

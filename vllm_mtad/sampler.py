@@ -78,10 +78,15 @@ class MTADRejectionSampler(RejectionSampler):
 
         need_processed = (sampling_metadata.max_num_logprobs is not None
                           and self.is_processed_logprobs_mode)
+        req_ids = self.state.req_ids(len(metadata.num_draft_tokens))
+        rows = self.state.rows(req_ids)
+        # Greedy rows read their draft tokens' target log-probs only under joint acceptance
+        # ("exact" compares argmaxes); rows without a request (vLLM's warm-up) count as joint.
+        joint = "joint" in rows.classes or len(req_ids) < len(metadata.num_draft_tokens)
         target = _FlatTarget(metadata, target_logits, sampling_metadata, self.state,
-                             need_processed)
+                             need_processed, greedy_logprobs=joint)
         output_token_ids = self._accept(metadata, target, bonus_token_ids, draft_probs,
-                                        sampling_metadata)
+                                        sampling_metadata, req_ids, rows)
 
         logprobs_tensors = None
         if sampling_metadata.max_num_logprobs is not None:
@@ -93,14 +98,12 @@ class MTADRejectionSampler(RejectionSampler):
         return SamplerOutput(sampled_token_ids=output_token_ids, logprobs_tensors=logprobs_tensors)
 
     def _accept(self, metadata, target: "_FlatTarget", bonus_token_ids, draft_probs,
-                sampling_metadata):
+                sampling_metadata, req_ids, rows):
         B, dev = target.B, target.device
         state = self.state
-        req_ids = state.req_ids(B)
         greedy = ~target.sampled
         drafts = target.drafts  # [B, γ], -1 past each request's own count
 
-        rows = state.rows(req_ids)
         tau, exact, seeds = rows.tau, rows.exact, rows.seeds
         num_real = len(req_ids)
         if len(req_ids) < B:
@@ -168,7 +171,8 @@ class _FlatTarget:
     """
 
     def __init__(self, metadata, target_logits: torch.Tensor, sampling_metadata,
-                 state: MTADRequestState, need_processed_logits: bool):
+                 state: MTADRequestState, need_processed_logits: bool,
+                 greedy_logprobs: bool = True):
         counts = metadata.num_draft_tokens  # list, per request
         self.B, self.gamma = B, gamma = len(counts), metadata.max_spec_len
         self.device = dev = target_logits.device
@@ -191,7 +195,9 @@ class _FlatTarget:
         lp = torch.zeros(N, device=dev)
         self.argmax = torch.zeros(N, dtype=torch.int64, device=dev)
         if not sampling_metadata.all_random:  # greedy rows: before the constraints
-            lp = target_logits.gather(1, tok[:, None])[:, 0] - target_logits.logsumexp(dim=-1)
+            if greedy_logprobs:  # (not read when every greedy row is "exact")
+                lp = (target_logits.gather(1, tok[:, None])[:, 0]
+                      - target_logits.logsumexp(dim=-1))
             self.argmax = target_logits.argmax(dim=-1)
 
         self.cands = None  # Candidates over the N rows, when sparse
