@@ -46,6 +46,15 @@ from pathlib import Path
 from benchmarks.server import Server, free_port, read_metrics, running_server, serve_command
 
 GAMMA, WIDTH, TAU = 4, 4, 0.5
+
+
+def server_spec(draft: str) -> dict:
+    """The soak server's MTAD settings. "fixed": the soak replays requests alone and checks that
+    two such runs agree; the adaptive policy (the default) chooses W and γ from timings, so a
+    seeded request's output may change between two runs alone (README, the adaptive policy)."""
+    return {"method": "mtad", "model": draft, "num_speculative_tokens": GAMMA,
+            "beam_width": WIDTH, "acceptance_threshold": TAU, "speculation_policy": "fixed"}
+
 STOP_STRINGS = ["e ", "\n"]
 CHOICES = ["yes", "no", "maybe", "later"]
 REGEX = r"[a-z]{2,6}-[0-9]{1,3}"
@@ -532,8 +541,7 @@ def main(argv=None) -> int:
         from devtools.tiny_models import build_tiny_pair
 
         target, draft = map(str, build_tiny_pair(envs.cache_dir() / "tiny"))
-    spec = {"method": "mtad", "model": draft, "num_speculative_tokens": GAMMA,
-            "beam_width": WIDTH, "acceptance_threshold": TAU}
+    spec = server_spec(draft)
     port = free_port()
     out_dir = Path(args.out) if args.out else None
     log = (out_dir or Path(__file__).parent / "results") / "soak_server.log"

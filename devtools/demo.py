@@ -52,7 +52,7 @@ def methods(draft: str, gamma: int, width: int, tau: float):
         ("vLLM speculative decoding (draft_model, probabilistic)", draft_model_spec(draft, gamma)),
         (f"MTAD (W≤{width}, γ≤{gamma}, τ={tau}, {policy} policy)"
          if policy == "adaptive" else f"MTAD (W={width}, γ={gamma}, τ={tau})",
-         mtad_spec(draft, gamma, width, tau)),
+         mtad_spec(draft, gamma, width, tau, speculation_policy=policy)),
     ]
 
 

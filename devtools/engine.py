@@ -22,9 +22,11 @@ _COUNTERS = {
 
 def mtad_spec(draft, gamma: int = 4, width: int = 4, tau: float = 0.5,
               greedy_acceptance: str | None = None, **extra) -> dict:
-    """An MTAD ``speculative_config`` (the keys a user writes)."""
+    """An MTAD ``speculative_config`` (the keys a user writes). W and γ as given, every step
+    (``speculation_policy: "fixed"``, which tests compare with the reference) unless ``extra``
+    sets the policy."""
     spec = {"method": "mtad", "model": str(draft), "num_speculative_tokens": gamma,
-            "beam_width": width, "acceptance_threshold": tau}
+            "beam_width": width, "acceptance_threshold": tau, "speculation_policy": "fixed"}
     if greedy_acceptance is not None:
         spec["greedy_acceptance"] = greedy_acceptance
     return spec | extra

@@ -40,7 +40,7 @@ def test_spec_flags_give_the_same_engine_as_the_speculative_config(tiny_pair_dir
     assert _summary(by_flags) == _summary(by_dict)
     assert _summary(by_dict) == ("draft_model", draft, 3, {
         "num_speculative_tokens": 3, "beam_width": 2, "acceptance_threshold": 0.5,
-        "greedy_acceptance": "joint", "speculation_policy": "fixed", "min_beam_width": 1,
+        "greedy_acceptance": "joint", "speculation_policy": "adaptive", "min_beam_width": 1,
         "min_speculative_tokens": 0, "beam_kv_fraction": 0.1})
 
 

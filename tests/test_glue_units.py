@@ -60,7 +60,7 @@ def test_translate_speculative_config():
     assert extra == {"other": 1, "mtad": {"num_speculative_tokens": 3, "beam_width": 2,
                                           "acceptance_threshold": 0.5,
                                           "greedy_acceptance": "joint",
-                                          "speculation_policy": "fixed", "min_beam_width": 1,
+                                          "speculation_policy": "adaptive", "min_beam_width": 1,
                                           "min_speculative_tokens": 0,
                                           "beam_kv_fraction": 0.1}}
     with pytest.raises(ValueError, match="'model' is required"):
@@ -187,8 +187,8 @@ def test_request_keys_refuse_engine_wide_keys_and_typos_only():
 def test_a_request_may_ask_for_the_fixed_policy_only_in_an_adaptive_engine():
     from vllm_mtad.config import MTADConfig, request_settings
 
-    adaptive = MTADConfig(4, 4, 0.5, speculation_policy="adaptive")
-    fixed = MTADConfig(4, 4, 0.5)
+    adaptive = MTADConfig(4, 4, 0.5)  # the default
+    fixed = MTADConfig(4, 4, 0.5, speculation_policy="fixed")
     assert request_settings({"speculation_policy": "fixed"}, adaptive)[2] is True
     assert request_settings({"speculation_policy": "adaptive"}, adaptive)[2] is False
     assert request_settings({}, adaptive)[2] is False

@@ -27,8 +27,10 @@ def _serve_cmd(target_dir, spec: dict, port: int) -> list[str]:
 def server(tiny_pair_dirs, tmp_path_factory):
     target_dir, draft_dir = tiny_pair_dirs
     port = free_port()
+    # "fixed": the tests below compare greedy output with the reference and refuse a request
+    # asking for "adaptive" (the README's quick start serves the default, adaptive).
     spec = {"method": "mtad", "model": str(draft_dir), "num_speculative_tokens": GAMMA,
-            "beam_width": WIDTH, "acceptance_threshold": TAU}
+            "beam_width": WIDTH, "acceptance_threshold": TAU, "speculation_policy": "fixed"}
     log = tmp_path_factory.mktemp("serve") / "server.log"
     with running_server(_serve_cmd(target_dir, spec, port), str(target_dir), log, port) as srv:
         SERVER_PIDS["api"] = srv.proc.pid  # vllm-mtad serve runs vLLM's API server in-process
@@ -334,7 +336,8 @@ def test_readme_cpu_quick_start_serves(tmp_path):
         r = requests.post(f"{srv.base}/v1/completions", timeout=120, json={
             "model": target, "prompt": "def split(", "max_tokens": 16, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
-        assert "MTAD enabled with" in srv.log.read_text()
+        log = srv.log.read_text()
+        assert "MTAD enabled with" in log and "'speculation_policy': 'adaptive'" in log
 
 
 def test_worker_killed_under_the_server(server):

@@ -23,8 +23,7 @@ pytestmark = [pytest.mark.system, pytest.mark.alone]
 
 def test_short_soak(tiny_pair_dirs, tmp_path):
     target_dir, draft_dir = tiny_pair_dirs
-    spec = {"method": "mtad", "model": str(draft_dir), "num_speculative_tokens": soak.GAMMA,
-            "beam_width": soak.WIDTH, "acceptance_threshold": soak.TAU}
+    spec = soak.server_spec(str(draft_dir))
     port = free_port()
     cmd = serve_command(str(target_dir), spec, port, max_num_seqs=32, kv_bytes=16 << 20)
     with running_server(cmd, str(target_dir), tmp_path / "server.log", port) as server:

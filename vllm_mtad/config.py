@@ -23,10 +23,11 @@ class MTADConfig:
         target likes at least as much as the draft does.
     greedy_acceptance: "joint" (MTAD's joint greedy approximation) or "exact" (lossless:
         identical to the target's own greedy decoding) for temperature-0 requests.
-    speculation_policy: "fixed" (every step drafts num_speculative_tokens with beam_width
-        beams) or "adaptive" (each step picks W in [min_beam_width, beam_width] and γ in
-        [min_speculative_tokens, num_speculative_tokens] for the best expected tokens per
-        second, from this engine's measured step costs and acceptance; vllm_mtad.core.policy).
+    speculation_policy: "adaptive" (the default: each step picks W in [min_beam_width,
+        beam_width] and γ in [min_speculative_tokens, num_speculative_tokens] for the best
+        expected tokens per second, from this engine's measured step costs and acceptance;
+        vllm_mtad.core.policy) or "fixed" (every step drafts num_speculative_tokens with
+        beam_width beams: a seeded request's output then does not depend on the load).
     min_beam_width: the fewest beams the adaptive policy may use (1..beam_width).
     min_speculative_tokens: the shortest draft the adaptive policy may choose
         (0..num_speculative_tokens). 0 lets it skip drafting in a step, when that is faster;
@@ -40,7 +41,7 @@ class MTADConfig:
     beam_width: int = 4
     acceptance_threshold: float = 0.5
     greedy_acceptance: str = "joint"
-    speculation_policy: str = "fixed"
+    speculation_policy: str = "adaptive"
     min_beam_width: int = 1
     min_speculative_tokens: int = 0
     beam_kv_fraction: float = 0.1
