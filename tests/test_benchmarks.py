@@ -101,7 +101,9 @@ def test_demo_tiny(tmp_path):
     table = [line for line in out.splitlines() if line.startswith("| ")]
     assert table[0].startswith("| method |") and len(table) == 4  # header + 3 methods
     mtad_row = table[-1].split("|")
-    assert "MTAD" in mtad_row[1] and 1 <= float(mtad_row[4]) <= 5
+    # (The adaptive default may skip drafting for the whole run: no acceptance figure, "—".)
+    assert "MTAD" in mtad_row[1] and (mtad_row[4].strip() == "—"
+                                      or 1 <= float(mtad_row[4]) <= 5)
     assert f"vLLM's log: {log}" in out
     assert sum(line.startswith("[") and "done in" in line for line in out.splitlines()) == 3
     assert "vllm-mtad: MTAD enabled with" in log.read_text()  # vLLM's log is in the file...

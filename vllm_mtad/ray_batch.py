@@ -8,9 +8,11 @@ Each input line is ``{"prompt": "text"}`` or ``{"prompt_token_ids": [..]}``, opt
 extra_args={"acceptance_threshold": ..}, ...). Each output line is ``{"index", "text",
 "token_ids", "finish_reason"}`` in input order. The prompts are split into ``--engines``
 contiguous shards, one per actor; every actor holds a whole MTAD engine (``LLM()`` with the
-``"mtad"`` speculative config) and runs its shard as one batch. A seeded request's output does
-not depend on the batch it runs in, so the outputs equal those of one engine over all prompts
-(tests/test_ray.py checks it on a local Ray cluster).
+``"mtad"`` speculative config) and runs its shard as one batch. Under the fixed speculation
+policy (this command's default, ``--speculation-policy``) a seeded request's output does not
+depend on the batch it runs in, so the outputs equal those of one engine over all prompts
+(tests/test_ray.py checks it on a local Ray cluster); ``adaptive`` (the engine default) chooses
+W and γ by each actor's load and timings, so they may not.
 
 Why actors and not vLLM's Ray executor: vLLM 0.32's CPU platform declares no Ray device
 (``ray_device_key = ""``), so ``distributed_executor_backend="ray"`` fails there ("current
@@ -94,6 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--beam-width", type=int, default=4)
     parser.add_argument("--threshold", type=float, default=0.5)
+    parser.add_argument("--speculation-policy", choices=["fixed", "adaptive"], default="fixed",
+                        help="fixed (default here): outputs equal one engine's over all prompts")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=None)
@@ -112,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
                      "speculative_config": {"method": "mtad", "model": args.draft,
                                             "num_speculative_tokens": args.gamma,
                                             "beam_width": args.beam_width,
-                                            "acceptance_threshold": args.threshold}}
+                                            "acceptance_threshold": args.threshold,
+                                            "speculation_policy": args.speculation_policy}}
     for key in ("max_model_len", "max_num_seqs", "kv_cache_memory_bytes"):
         if getattr(args, key):
             engine_kwargs[key] = getattr(args, key)

@@ -104,7 +104,7 @@ class MTADRejectionSampler(RejectionSampler):
         greedy = ~target.sampled
         drafts = target.drafts  # [B, γ], -1 past each request's own count
 
-        tau, exact, seeds = rows.tau, rows.exact, rows.seeds
+        tau, exact, seeds = list(rows.tau), list(rows.exact), list(rows.seeds)
         num_real = len(req_ids)
         if len(req_ids) < B:
             # Rows without a request: vLLM's warm-up (_dummy_sampler_run, profile_run) calls
