@@ -354,7 +354,8 @@ def test_worker_killed_under_the_server(server):
     procs = api.children(recursive=True)
     workers = [p for p in procs if "Worker" in p.name() + " ".join(p.cmdline())]
     assert len(workers) == 1, [(p.name(), p.cmdline()) for p in procs]
-    stream_result = {}
+    stream_result = {"lines": []}
+    started = threading.Event()
 
     def stream():
         try:
@@ -362,13 +363,19 @@ def test_worker_killed_under_the_server(server):
                                json={"model": model, "prompt": [5, 6, 7],
                                      "max_tokens": 1000, "min_tokens": 1000,
                                      "ignore_eos": True, "stream": True}) as r:
-                stream_result["lines"] = [ln for ln in r.iter_lines() if ln]
+                for ln in r.iter_lines():
+                    if ln:
+                        stream_result["lines"].append(ln)
+                        started.set()
         except requests.RequestException as exc:
             stream_result["error"] = repr(exc)
+        started.set()
 
     t = threading.Thread(target=stream)
     t.start()
-    time.sleep(3)  # the stream is under way
+    # Kill as soon as the stream is under way (a fixed sleep once outlasted the whole stream:
+    # 1000 tokens of the tiny pair took under 3 s in one CI run).
+    assert started.wait(timeout=120), "the stream did not start"
     workers[0].send_signal(signal.SIGKILL)
     t.join(timeout=120)
     assert not t.is_alive(), "the open stream hung after the worker died"
