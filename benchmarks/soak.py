@@ -14,8 +14,9 @@ structured outputs (choice and regex), every sampled one seeded. ``--cancel-frac
 memory of the server's processes and vLLM's gauges (running, waiting, preemptions).
 
 Afterwards: the engine must have nothing running or waiting; every completed request is sent
-again *alone* (one at a time) and compared (text, finish reasons, token counts); the server must
-still answer. A seeded request's output is the same in any batch, but a request vLLM preempts
+again *alone* (one at a time, each from an empty prefix cache: the server runs with vLLM's dev
+routes for ``/reset_prefix_cache``) and compared (text, finish reasons, token counts); the server
+must still answer. A seeded request's output is the same in any batch, but a request vLLM preempts
 resumes with a prefill that samples its next token from the target alone and then drafts from
 there: its rounds start at other positions, so its sampled (and greedy "joint") output after
 the preemption point differs from an unpreempted run — as vLLM's own speculative decoding's
@@ -46,6 +47,8 @@ from pathlib import Path
 from benchmarks.server import Server, free_port, read_metrics, running_server, serve_command
 
 GAMMA, WIDTH, TAU = 4, 4, 0.5
+# The soak server's environment: vLLM's dev routes, for /reset_prefix_cache before each run alone.
+SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 def server_spec(draft: str) -> dict:
@@ -276,6 +279,12 @@ async def _replay(server: Server, reqs: dict, outcomes: list[Outcome], progress:
     pairs = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
         for out in tqdm(outcomes, desc="alone", unit="req", disable=not progress):
+            # Every run alone starts from an empty prefix cache: a prefix cached under the load
+            # (or by another replay) was computed in other batch shapes.
+            r = await client.post(f"{server.base}/reset_prefix_cache")
+            assert r.status_code == 200, (
+                f"/reset_prefix_cache answered {r.status_code}: the soak server needs "
+                f"{SERVER_ENV} (vLLM's dev routes)")
             alone = await send(client, server.base, reqs[out.i], None)
             # What vLLM's gauges said just after: a replay that was not alone shows here.
             m = await asyncio.get_running_loop().run_in_executor(None, read_metrics, server.base)
@@ -548,7 +557,7 @@ def main(argv=None) -> int:
     cmd = serve_command(target, spec, port, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                         kv_bytes=int(args.kv_bytes))
     print("server:", " ".join(cmd), flush=True)
-    with running_server(cmd, target, log, port) as server:
+    with running_server(cmd, target, log, port, env_extra=SERVER_ENV) as server:
         result = run_soak(server, clients=args.clients, duration=args.duration,
                           max_requests=args.max_requests, cancel_fraction=args.cancel_fraction,
                           seed=args.seed, replay=args.replay or None)

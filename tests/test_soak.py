@@ -26,7 +26,8 @@ def test_short_soak(tiny_pair_dirs, tmp_path):
     spec = soak.server_spec(str(draft_dir))
     port = free_port()
     cmd = serve_command(str(target_dir), spec, port, max_num_seqs=32, kv_bytes=16 << 20)
-    with running_server(cmd, str(target_dir), tmp_path / "server.log", port) as server:
+    with running_server(cmd, str(target_dir), tmp_path / "server.log", port,
+                        env_extra=soak.SERVER_ENV) as server:
         result = soak.run_soak(server, clients=64, duration=70, replay=30, warmup_s=45,
                                progress=False)
     assert soak.failures(result, memory_bound=0.10) == []
