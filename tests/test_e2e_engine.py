@@ -348,6 +348,27 @@ def test_prefix_caching_and_chunked_prefill(tiny_pair_dirs, tiny_pair, engines):
         assert a == want and b == want
 
 
+def test_prefix_cache_hits_on_blocks_a_request_generated(tiny_pair_dirs, tiny_pair, engines):
+    """Blocks filled by a request's own generated tokens (their draft KV written by the beams,
+    then rewritten by the next first pass) are cached when full; a later request whose prompt
+    runs through them reads their target and draft KV from the cache. Ends of the first
+    request's context at several offsets around a block boundary (block size 32), so that a
+    block completes in its last step too; greedy "joint" (which the drafts change) then still
+    equals the reference on the longer prompt, token for token."""
+    llm = prefix_chunk_engine(engines, tiny_pair_dirs)
+    prompt = list(range(20, 60))  # 40 tokens
+    cfg = MTADConfig(4, 3, 0.5)
+    for n in (88, 89, 90, 91, 92):  # contexts of 128..132 tokens
+        assert llm.reset_prefix_cache()
+        first = generate_ids(llm, [prompt], greedy_params(n))[0]
+        hits_before = metric_sum(llm, "vllm:prefix_cache_hits")
+        follow = prompt + first + [7]
+        got = generate_ids(llm, [follow], greedy_params(16))[0]
+        assert metric_sum(llm, "vllm:prefix_cache_hits") - hits_before >= 96, n  # 3 blocks
+        want = ref.generate(*tiny_pair, follow, 16, cfg, ref.Sampling(temperature=0.0))
+        assert got == want.token_ids, n
+
+
 @pytest.mark.parametrize("mtad", [False, True], ids=["target-alone", "mtad"])
 def test_seeded_requests_with_a_chunked_prefill(tiny_pair_dirs, engines, mtad):
     """vLLM 0.32 rewinds a seeded request's generator after a partial prefill with
