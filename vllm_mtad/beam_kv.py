@@ -192,5 +192,4 @@ def chain_step_kv(block_table: torch.Tensor, num_blocks: torch.Tensor,
     none = torch.zeros(0, dtype=torch.int64, device=wpos.device)
     return BeamStepKV(block_table=block_table.to(torch.int32), slot_mapping=slots,
                       positions=positions, seq_lens=(positions + 1).to(torch.int32),
-                      copy_src=none, copy_dst=none, num_copies=torch.zeros((), dtype=torch.int64,
-                                                          device=wpos.device))
+                      copy_src=none, copy_dst=none, num_copies=none.sum())

@@ -270,10 +270,8 @@ class MTADProposer(DraftModelProposer):
         row_width = None
         if ctx.gamma > 1:
             with phase("beam_kv"):
-                bt = self.state.input_batch.block_table[self.kv_cache_gid]
-                num_blocks = torch.from_numpy(bt.num_blocks_per_row[:B].copy()).to(ctx.device)
-                layout = BeamKVLayout(ctx.cad.block_table_tensor[:B].clone(), num_blocks,
-                                      ctx.first_pos - 1, ctx.gamma, W, self.block_size,
+                layout = BeamKVLayout(ctx.cad.block_table_tensor[:B].clone(),
+                                      self._num_blocks(ctx), ctx.first_pos - 1, ctx.gamma, W, self.block_size,
                                       self.max_model_len, self.scratch.base if ctx.room else 0,
                                       ctx.room)
                 row_width = layout.row_beam_width
@@ -310,6 +308,11 @@ class MTADProposer(DraftModelProposer):
         tokens, draft_logprobs = best_beam(state)
         return tokens, draft_logprobs, overflow
 
+    def _num_blocks(self, ctx: "_Round") -> torch.Tensor:
+        """[B] blocks each row's request owns (vLLM's host block table), on the device."""
+        bt = self.state.input_batch.block_table[self.kv_cache_gid]
+        return torch.from_numpy(bt.num_blocks_per_row[:ctx.B].copy()).to(ctx.device)
+
     def _argmax_chain(self, ctx: "_Round", first_logits: torch.Tensor):
         """The draft model's argmax chain of every row (``ctx.W`` = 1), as vLLM's own draft
         loop drafts it: [B, γ] int64 tokens and [B, γ] zero log-probs (exact acceptance does
@@ -320,8 +323,7 @@ class MTADProposer(DraftModelProposer):
         tokens = [token]
         if ctx.gamma > 1:
             with phase("beam_kv"):
-                bt = self.state.input_batch.block_table[self.kv_cache_gid]
-                num_blocks = torch.from_numpy(bt.num_blocks_per_row[:ctx.B].copy()).to(ctx.device)
+                num_blocks = self._num_blocks(ctx)
                 table = ctx.cad.block_table_tensor[:ctx.B]
         for t in range(2, ctx.gamma + 1):
             with phase("beam_kv"):
