@@ -37,6 +37,7 @@ setup(
     },
     entry_points={
         "vllm.general_plugins": ["mtad = vllm_mtad.plugin:register"],
+        "vllm.stat_logger_plugins": ["mtad = vllm_mtad.stat_logger:MTADStatLogger"],
         "console_scripts": ["vllm-mtad = vllm_mtad.cli:main"],
     },
 )

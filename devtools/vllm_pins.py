@@ -161,6 +161,15 @@ _PINS_0_32_0 = [
      '(logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sampling_metadata: '
      'SamplingMetadata) -> torch.Tensor',
      'vllm_mtad/sampler.py', None),
+    # The policy's (W, γ) counts: worker output -> scheduler stats -> the stat-logger plugin.
+    ('vllm.v1.worker.gpu_worker', 'Worker.sample_tokens',
+     "(self, grammar_output: 'GrammarOutput | None') -> ModelRunnerOutput | "
+     "AsyncModelRunnerOutput",
+     'patches/worker/patch_gpu_worker.py', None),
+    ('vllm.v1.core.sched.scheduler', 'Scheduler.update_from_output',
+     '(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput) -> '
+     'dict[int, EngineCoreOutputs]',
+     'patches/engine/patch_scheduler.py', None),
 ]
 PIN_KEYS = [(module, qualname, glue) for module, qualname, _, glue, _ in _PINS_0_32_0]
 # Per checked version: {(module, qualified name, glue): (signature, source hash or None)}.
@@ -229,6 +238,14 @@ SOURCE_LINES = [
       "self.worker = worker_class(**kwargs)"), True,
      "patches/__init__.py, patches/platform/patch_worker_base.py and "
      "patches/platform/patch_cpu_triton_utils.py"),
+    # patch_scheduler copies the policy's counts into the stats update_from_output attaches
+    # to the outputs it returns; vLLM loads the stat-logger plugin that reads them.
+    ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output",
+     ("stats := self.make_stats(", "eco.scheduler_stats = stats", "return engine_core_outputs"),
+     True, "patches/engine/patch_scheduler.py"),
+    ("vllm.v1.metrics.loggers", "load_stat_logger_plugin_factories",
+     ("load_plugins_by_group(STAT_LOGGER_PLUGINS_GROUP)",), False,
+     "vllm_mtad/stat_logger.py (the vllm.stat_logger_plugins entry point)"),
     ("vllm.v1.worker.cpu_worker", "CPUWorker.__init__", ("super().__init__(",), False,
      "patches/platform/patch_worker_base.py (workers build through WorkerBase.__init__)"),
     ("vllm.v1.worker.gpu_worker", "Worker.__init__", ("super().__init__(",), False,

@@ -33,6 +33,8 @@ PLUGIN_LOAD_PATCHES = (
     "engine.patch_arg_utils",
     "engine.patch_config_vllm",
     "engine.patch_input_processor",
+    "engine.patch_metrics_stats",
+    "engine.patch_scheduler",
 )
 WORKER_PATCHES = (
     "worker.patch_cpu_generator_rewind",

@@ -89,6 +89,7 @@ print(json.dumps({"groups": sorted(applied_groups()),
     seen = json.loads(out.strip().splitlines()[-1])
     assert seen["groups"] == ["plugin-load"] and seen["hook"]
     allowed = {"vllm_mtad", "vllm_mtad.config", "vllm_mtad.version", "vllm_mtad.log",
+               "vllm_mtad.metrics",
                "vllm_mtad.plugin", "vllm_mtad.patching", "vllm_mtad.patches",
                "vllm_mtad.patches.platform", "vllm_mtad.patches.engine"}
     unexpected = [m for m in seen["modules"]

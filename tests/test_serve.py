@@ -143,6 +143,52 @@ def test_metrics_endpoint_reports_spec_decode(server):
     assert values["vllm:spec_decode_num_accepted_tokens_per_pos_total"] == accepted
 
 
+def _metric_totals(base, prefix: str) -> dict[str, float]:
+    """Sums of the /metrics samples whose line starts with ``prefix``, by their full label set."""
+    import requests
+
+    values = {}
+    for line in requests.get(f"{base}/metrics", timeout=30).text.splitlines():
+        if line.startswith(prefix):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def test_metrics_endpoint_counts_the_policys_choices(server):
+    """The (W, γ) of every step reaches /metrics through the worker's output, the scheduler's
+    stats and the stat-logger plugin (vllm_mtad/metrics.py). One request alone on the fixed
+    policy: every step drafts W=4, γ=4, and there is one step more than verified drafts (the
+    draft after the prefill; the last step's draft is never verified) or as many."""
+    import requests
+
+    base, model, _ = server
+
+    def snapshot():
+        steps = _metric_totals(base, "vllm:mtad_policy_steps_total{")
+        drafts = sum(_metric_totals(base, "vllm:spec_decode_num_drafts_total{").values())
+        return steps, drafts
+
+    steps0, drafts0 = snapshot()
+    r = requests.post(f"{base}/v1/completions", json={"model": model, "prompt": PROMPT_IDS,
+                                                      "max_tokens": 40, "temperature": 0.0,
+                                                      "ignore_eos": True}, timeout=120)
+    assert r.status_code == 200
+    deadline = time.time() + 20  # the last step's stats may reach the logger after the reply
+    while True:
+        steps1, drafts1 = snapshot()
+        gained = {k: v - steps0.get(k, 0.0) for k, v in steps1.items() if v != steps0.get(k, 0.0)}
+        new_drafts = drafts1 - drafts0
+        if sum(gained.values()) >= new_drafts > 0 or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(gained) == 1, gained
+    (labels, n), = gained.items()
+    assert f'beam_width="{WIDTH}"' in labels and f'num_speculative_tokens="{GAMMA}"' in labels
+    assert f'model_name="{model}"' in labels
+    assert new_drafts > 0 and new_drafts <= n <= new_drafts + 1, (n, new_drafts)
+
+
 def test_periodic_log_line_reports_spec_decode(server):
     """vLLM's own periodic stats line (every 10 s) carries MTAD's acceptance figures."""
     _, _, log = server
@@ -338,6 +384,15 @@ def test_readme_cpu_quick_start_serves(tmp_path):
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
         log = srv.log.read_text()
         assert "MTAD enabled with" in log and "'speculation_policy': 'adaptive'" in log
+        # What the adaptive policy chose is on /metrics (steps per W and γ, within bounds).
+        deadline = time.time() + 20
+        while not (steps := _metric_totals(srv.base, "vllm:mtad_policy_steps_total{")):
+            assert time.time() < deadline, "no vllm:mtad_policy_steps_total on /metrics"
+            time.sleep(0.5)
+        for labels in steps:
+            width = int(labels.split('beam_width="')[1].split('"')[0])
+            tokens = int(labels.split('num_speculative_tokens="')[1].split('"')[0])
+            assert 1 <= width <= 4 and 0 <= tokens <= 4, labels
 
 
 def test_worker_killed_under_the_server(server):
