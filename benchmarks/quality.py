@@ -10,8 +10,10 @@ quality against speed.
 Configurations (seeds fixed per problem and sample, so every configuration is rerunnable and
 paired with every other; sampled rows use the paper's truncation, top-k 10, top-p 0.9):
 - target alone at T ∈ {0, 0.2, 0.4, 0.6, 0.8, 1.0};
-- MTAD (γ=4, W=4) at T ∈ {0.6, 0.8, 1.0} × τ ∈ {0.3, 0.5, 0.7} (one engine, τ per request),
-  greedy "joint" at T=0, and W=1 at T=1, τ=0.5 (joint acceptance without beams);
+- MTAD (γ=4, W=4, the fixed policy) at T ∈ {0.6, 0.8, 1.0} × τ ∈ {0.3, 0.5, 0.7} (one engine,
+  τ per request), greedy "joint" at T=0, W=1 at T=1, τ=0.5 (joint acceptance without beams),
+  and the adaptive policy (the default) at T=1, τ=0.5: what the policy chose while generating
+  is appended to ``policy.jsonl`` (its output depends on the load, unlike the others');
 - vLLM SD (``draft_model``, probabilistic drafts) at every target temperature on the first
   ``--sd-problems`` problems only: it is lossless, so its quality is the target's; its pass@1
   is a sanity line, checked to fall inside the target's interval.
@@ -63,7 +65,7 @@ TRUNCATION = {k: v for k, v in PAPER.items() if k != "temperature"}  # top-k 10,
 @dataclass(frozen=True)
 class Config:
     name: str
-    engine: str  # "target", "mtad_w4", "mtad_w1" or "vllm_sd"
+    engine: str  # "target", "mtad_w4", "mtad_w1", "mtad_adaptive" or "vllm_sd"
     temperature: float
     tau: float | None = None
     greedy: str | None = None  # MTAD's greedy_acceptance at T=0
@@ -82,7 +84,8 @@ def grid() -> list[Config]:
     configs += [Config(f"MTAD T={t} τ={tau}", "mtad_w4", t, tau)
                 for t in MTAD_TEMPERATURES for tau in TAUS]
     configs += [Config("MTAD joint T=0", "mtad_w4", 0.0, 0.5, "joint"),
-                Config("MTAD W=1 T=1.0 τ=0.5", "mtad_w1", 1.0, 0.5)]
+                Config("MTAD W=1 T=1.0 τ=0.5", "mtad_w1", 1.0, 0.5),
+                Config("MTAD adaptive T=1.0 τ=0.5", "mtad_adaptive", 1.0, 0.5)]
     configs += [Config(f"vLLM SD T={t}", "vllm_sd", t) for t in TARGET_TEMPERATURES]
     return configs
 
@@ -90,6 +93,9 @@ def grid() -> list[Config]:
 def engine_specs(draft: str) -> dict:
     return {"target": None, "mtad_w4": mtad_spec(draft, GAMMA, 4, 0.5),
             "mtad_w1": mtad_spec(draft, GAMMA, 1, 0.5),
+            # The default policy (W ≤ 4, γ ≤ 4 chosen per step from measured costs): what a
+            # user gets by default; its output depends on the load it ran under.
+            "mtad_adaptive": mtad_spec(draft, GAMMA, 4, 0.5, speculation_policy="adaptive"),
             "vllm_sd": draft_model_spec(draft, GAMMA)}
 
 
@@ -152,6 +158,30 @@ def generate(llm, configs, problems, samples, store, args, bar) -> None:
             bar.update(len(part))
 
 
+def record_policy(llm, path: Path, run: str, samples: int) -> None:
+    """Append the adaptive engine's (W, γ) step counts since it was built (one line per
+    sitting: ``run`` is "quality" or "speed")."""
+    from vllm_mtad.proposer import drafter_stats
+
+    chosen = llm.collective_rpc(drafter_stats)[0]["policy_chosen"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fh.write(json.dumps({"run": run, "samples": samples, "chosen": chosen,
+                             "environment": environment()}) + "\n")
+
+
+def policy_summary(path: Path) -> dict:
+    """Steps per (W, γ) over every line of policy.jsonl, by run."""
+    out: dict = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            into = out.setdefault(row["run"], {})
+            for key, n in row["chosen"].items():
+                into[key] = into.get(key, 0) + n
+    return out
+
+
 def score(llm, records: Store, scores: Store, problems, args, bar) -> None:
     """NLL of each record's tokens under the unprocessed target (prompt logprobs)."""
     from vllm import SamplingParams
@@ -210,6 +240,8 @@ def run_quality(args, target, draft, problems, out: Path) -> None:
             bar.set_postfix_str(engine)
             llm = build_llm(target, specs[engine], **llm_settings(args.tiny, kv))
             generate(llm, cs, probs, args.samples, records, args, bar)
+            if engine == "mtad_adaptive":
+                record_policy(llm, out / "policy.jsonl", "quality", len(missing))
             close(llm)
     unscored = [k for k in records.rows if k not in scores]
     if unscored:
@@ -248,6 +280,9 @@ def run_speed(args, target, draft, problems, out: Path) -> None:
             for c in configs[r % len(configs):] + configs[:r % len(configs)]:
                 results[c.name].append(run(c, timed))
                 bar.update(1)
+    if "mtad_adaptive" in engines:  # warm-up and timed runs together
+        record_policy(engines["mtad_adaptive"], out / "policy.jsonl", "speed",
+                      (1 + args.repeats) * n)
     for llm in engines.values():
         close(llm)
     speed = {name: {"tok_s": statistics.median(v), "min": min(v), "max": max(v), "runs": v}
@@ -317,7 +352,7 @@ def plot(rows: list[dict], path: Path) -> None:
                            (axes[1], "ppl", "perplexity under the target")):
         have = [r for r in rows if key in r]
         for engine, marker in (("target", "o"), ("mtad_w4", "s"), ("mtad_w1", "^"),
-                               ("vllm_sd", "x")):
+                               ("mtad_adaptive", "D"), ("vllm_sd", "x")):
             sel = [r for r in have if r["engine"] == engine]
             if sel:
                 ax.errorbar([r["tok/s"] for r in sel], [r[key] for r in sel],
@@ -351,7 +386,9 @@ def report(args, problems, out: Path) -> list[dict]:
     table = markdown_table(rows, columns)
     write_outputs("quality", {"environment": environment(), "samples": args.samples,
                               "max_tokens": args.max_tokens, "configs": [asdict(c) for c in grid()],
-                              "rows": rows, "speed": speed}, table, out)
+                              "rows": rows, "speed": speed,
+                              "adaptive_policy_steps": policy_summary(out / "policy.jsonl")},
+                  table, out)
     plot(rows, out / "quality.png")
     print(table)
     return rows

@@ -201,3 +201,41 @@ def test_step_phases_on_tiny_pair(tmp_path):
         assert (ms["beam_kv"] > 0) == (r["engine"] == "mtad")
         assert ms["target_forward"] > 0 and ms["draft_forward"] > 0
         assert ms["whole_step"] <= r["wall_ms_per_step"] * 1.01
+
+
+@pytest.mark.system
+def test_quality_grid_on_tiny_pair_resumes_and_reports(tmp_path):
+    """benchmarks.quality end to end on three problems: records and perplexities per
+    (configuration, problem), a rerun that adds nothing, the speed axis, and the report with
+    the adaptive policy's choices."""
+    out = tmp_path / "out"
+    only = ["target T=0.0", "MTAD T=1.0 τ=0.5", "MTAD adaptive T=1.0 τ=0.5", "vLLM SD T=0.0"]
+    common = ["benchmarks.quality", "--tiny", "--problems", "3", "--sd-problems", "2",
+              "--max-tokens", "12", "--chunk", "2", "--out", str(out), "--only", *only]
+    run_module(common, tmp_path)
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert sorted((r["config"], r["task_id"]) for r in records) == sorted(
+        [(c, f"HumanEval/{i}") for c in only[:3] for i in range(3)]
+        + [("vLLM SD T=0.0", f"HumanEval/{i}") for i in range(2)])
+    scores = (out / "scores.jsonl").read_text().splitlines()
+    assert len(scores) == sum(1 for r in records if r["token_ids"])
+    # vLLM SD is lossless: at T=0 its tokens are the target's.
+    by = {(r["config"], r["task_id"]): r["token_ids"] for r in records}
+    assert all(by[("vLLM SD T=0.0", t)] == by[("target T=0.0", t)]
+               for t in ("HumanEval/0", "HumanEval/1"))
+    policy = [json.loads(x) for x in (out / "policy.jsonl").read_text().splitlines()]
+    assert [p["run"] for p in policy] == ["quality"] and sum(policy[0]["chosen"].values()) > 0
+    before = (out / "records.jsonl").read_text(), (out / "scores.jsonl").read_text()
+    run_module(common, tmp_path)  # resumed: nothing left to do
+    assert ((out / "records.jsonl").read_text(), (out / "scores.jsonl").read_text()) == before
+    run_module([*common, "--speed", "--speed-prompts", "1", "--speed-tokens", "8",
+                "--repeats", "1"], tmp_path)
+    data = json.loads((out / "quality.json").read_text())
+    rows = {r["config"]: r for r in data["rows"]}
+    assert set(rows) == set(only)
+    for name, row in rows.items():
+        assert 0 <= row["pass@1 low"] <= row["pass@1"] <= row["pass@1 high"] <= 1
+        assert row["tok/s"] > 0 and row["ppl"] >= 1
+        assert ("Δ pass@1 vs target" in row) == (name == "vLLM SD T=0.0")  # only T=0 target
+    assert set(data["adaptive_policy_steps"]) == {"quality", "speed"}
+    assert data["environment"]["cpu_model"]
