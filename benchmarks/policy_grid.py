@@ -2,15 +2,18 @@
 MTAD (fixed W=4, γ=4 against the adaptive policy) by batch size and temperature, interleaved.
 
     python -m benchmarks.policy_grid                          # the real pair, batch 1 and 16
-    python -m benchmarks.policy_grid --batches 1 4 16 48 --repeats 3
+    python -m benchmarks.policy_grid --batches 1 4 16 48      # the issue's whole grid
     python -m benchmarks.policy_grid --tiny --batches 1 2 --tokens 16   # a minute (tests)
 
-Engines (one each, in-process, built once, all alive during the run): the target alone; vLLM
-``draft_model`` (probabilistic draft tokens at T=1, greedy drafts at T=0); MTAD with
-``speculation_policy: "adaptive"``. The MTAD engine runs both MTAD configurations: "fixed" is
-the same engine with every step forced to (W=4, γ=4) (vllm_mtad.speculation.force_plans;
-exact-greedy batches use one beam, as the fixed policy does), "adaptive" lets the policy choose.
-So "fixed" and "adaptive" differ in the choice alone.
+Engines (in-process, all alive during a cell): the target alone; vLLM ``draft_model`` with
+probabilistic draft tokens at T=1 ("vllm_sd") and with greedy drafts ("vllm_sd_greedy": at T=1,
+and "vllm_sd" at T=0, where vLLM drafts greedily either way); MTAD with
+``speculation_policy: "adaptive"`` and num_speculative_tokens = max(--gamma, --long-gamma).
+The MTAD engine runs every MTAD configuration: "mtad_fixed" is the engine with every step forced
+to (W=4, γ=--gamma) (vllm_mtad.speculation.force_plans; exact-greedy batches use one beam, as
+the fixed policy does), "mtad_adaptive" lets the policy choose with γ ≤ --gamma and
+"mtad_adaptive_g8" with γ ≤ --long-gamma (vllm_mtad.speculation.limit_plans). So the MTAD
+configurations differ in the choice alone, and share the policy's measurements.
 
 Cells: batch size x {T=1 (top-k 10, top-p 0.9), T=0 "joint", T=0 "exact"}. In each cell, every
 configuration first runs once untimed on other prompts (warm-up: caches, and the policy's
@@ -18,8 +21,9 @@ measurements at this load), then the configurations are run ``--repeats`` times 
 order (interleaved); each run generates ``--tokens`` tokens (ignore_eos) for ``batch`` HumanEval
 prompts submitted at once, repeated on further prompts until at least ``--min-prompts`` prompts
 have run (batch 1 would otherwise time one prompt: a handful of steps). Reported per cell and
-configuration: median tokens/s, min and max, mean acceptance length (vLLM's counters, bonus
-token included) and, for MTAD adaptive, the (W, γ) it chose during the timed runs and what it
+configuration: median tokens/s, min and max, mean acceptance length (bonus token included, from
+vLLM's per-request spec-decode metrics, so that each engine reports its own) and, for MTAD
+adaptive, the (W, γ) it chose during the timed runs and what it
 believed at the end of the cell (its fitted cost lines and acceptance estimates,
 SpeculationController.snapshot; the engine is shared by the cells, so its counters there add
 up from cell to cell). Output: policy_grid.json (machine, CPU model and flags, every run) and
@@ -36,8 +40,7 @@ import sys
 import time
 
 from benchmarks.common import environment, markdown_table, write_outputs
-from devtools.engine import (build_llm, close, counters_delta, draft_model_spec, mtad_spec,
-                             spec_counters)
+from devtools.engine import build_llm, close, draft_model_spec, mtad_spec
 from devtools.models import add_model_args, resolve_pair
 
 PAPER = {"temperature": 1.0, "top_k": 10, "top_p": 0.9}
@@ -63,6 +66,8 @@ def main(argv=None) -> None:
     ap.add_argument("--min-prompts", type=int, default=4,
                     help="prompts per run at least (batches of --batches run one after another)")
     ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--long-gamma", type=int, default=8,
+                    help="γ bound of the mtad_adaptive_g<N> configuration (0: left out)")
     ap.add_argument("--cells", nargs="+", default=[c[0] for c in CELLS],
                     choices=[c[0] for c in CELLS])
     ap.add_argument("--out", default="benchmarks/reports/policy-grid-cpu")
@@ -71,7 +76,7 @@ def main(argv=None) -> None:
     from vllm import SamplingParams
 
     from vllm_mtad.proposer import drafter_stats
-    from vllm_mtad.speculation import force_plans
+    from vllm_mtad.speculation import force_plans, limit_plans
 
     target, draft, tiny = resolve_pair(args)
     max_batch = max(args.batches)
@@ -83,63 +88,83 @@ def main(argv=None) -> None:
                   # Timed repeats reuse their prompts: with prefix caching a config's first
                   # run would pay the prefill and later ones not (measured: 14.8 s vs 9.6 s).
                   enable_prefix_caching=False)
+    long_gamma = args.long_gamma if args.long_gamma > args.gamma else 0
+    # Acceptance per engine (vLLM's global counters belong to the engine built last, and several
+    # are alive here): per-request metrics, which vLLM allows with speculative decoding only.
+    spec_kw = {**common, "per_request_spec_decode_metrics": "summary"}
     engines = {"target": build_llm(target, None, **common),
                "mtad": build_llm(target, mtad_spec(
-                   draft, gamma=args.gamma, speculation_policy="adaptive"), **common),
-               "vllm_sd": None}  # built per temperature, last: it owns vLLM's counters
-    sd_specs = {"T=1": draft_model_spec(draft, args.gamma),
-                "T=0": draft_model_spec(draft, args.gamma, draft_sample_method="greedy")}
-    configs = ["target", "vllm_sd", "mtad_fixed", "mtad_adaptive"]
+                   draft, gamma=max(args.gamma, long_gamma), speculation_policy="adaptive"),
+                   **spec_kw)}
+    sd_specs = {"vllm_sd": draft_model_spec(draft, args.gamma),
+                "vllm_sd_greedy": draft_model_spec(draft, args.gamma,
+                                                   draft_sample_method="greedy")}
+    mtad_limits = {"mtad_fixed": args.gamma, "mtad_adaptive": args.gamma}
+    if long_gamma:
+        mtad_limits[f"mtad_adaptive_g{long_gamma}"] = long_gamma
+
+    def cell_configs(cell_name):
+        sd = ["vllm_sd", "vllm_sd_greedy"] if cell_name == "T=1" else ["vllm_sd"]
+        return ["target", *sd, *mtad_limits]
+
+    def sd_engine_of(cell_name, config):
+        """The draft_model spec a SD configuration runs in a cell (greedy drafts at T=0)."""
+        return "vllm_sd_greedy" if cell_name != "T=1" else config
+
     runs, cells_out = [], []
-    total = len(args.cells) * len(args.batches) * len(configs) * (1 + args.repeats)
+    total = sum(len(cell_configs(c)) for c in args.cells) * len(args.batches) * (
+        1 + args.repeats)
     bar = tqdm(total=total, desc="runs", unit="run")
+    sd_engines: dict = {}  # spec name -> LLM, the ones the current cell needs
     for cell_name, sampling, mode in CELLS:
         if cell_name not in args.cells:
             continue
-        sd_key = "T=1" if cell_name == "T=1" else "T=0"
-        if engines["vllm_sd"] is None or engines.get("_sd_key") != sd_key:
-            if engines["vllm_sd"] is not None:
-                close(engines["vllm_sd"])
-            engines["vllm_sd"] = build_llm(target, sd_specs[sd_key], **common)
-            engines["_sd_key"] = sd_key
+        configs = cell_configs(cell_name)
+        wanted = {sd_engine_of(cell_name, c) for c in configs if c.startswith("vllm_sd")}
+        if set(sd_engines) - wanted:
+            # Shutting an in-process engine down tears down vLLM's process-wide parallel
+            # state, which the next engine built sets up again: rebuild every SD engine.
+            for name in list(sd_engines):
+                close(sd_engines.pop(name))
+        for name in sorted(wanted - set(sd_engines)):
+            sd_engines[name] = build_llm(target, sd_specs[name], **spec_kw)
         for batch in args.batches:
             extra = {"greedy_acceptance": mode} if mode else None
 
             def run(config, chunk, seed):
-                llm = engines["mtad" if config.startswith("mtad") else config]
-                if config.startswith("mtad"):
+                is_mtad = config.startswith("mtad")
+                if is_mtad:
+                    llm = engines["mtad"]
                     llm.collective_rpc(force_plans(
                         [(4, args.gamma)] if config == "mtad_fixed" else None))
+                    llm.collective_rpc(limit_plans(mtad_limits[config]))
+                elif config == "target":
+                    llm = engines["target"]
+                else:
+                    llm = sd_engines[sd_engine_of(cell_name, config)]
                 params = [SamplingParams(max_tokens=args.tokens, ignore_eos=True,
                                          seed=seed + i, **sampling,
-                                         extra_args=extra if config.startswith("mtad")
-                                         else None) for i in range(len(chunk))]
-                before = spec_counters(llm)
-                stats0 = (llm.collective_rpc(drafter_stats)[0] if config.startswith("mtad")
-                          else {})
-                chosen0 = stats0.get("policy_chosen", {})
+                                         extra_args=extra if is_mtad else None)
+                          for i in range(len(chunk))]
+                chosen0 = (llm.collective_rpc(drafter_stats)[0]["policy_chosen"] if is_mtad
+                           else {})
                 t0 = time.perf_counter()
                 outs = []
                 for i in range(0, len(chunk), batch):  # at most ``batch`` requests at once
                     outs += llm.generate(chunk[i:i + batch], params[i:i + batch],
                                          use_tqdm=False)
                 seconds = time.perf_counter() - t0
-                after = spec_counters(llm)
                 tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-                delta = counters_delta(after, before)
+                drafts, accepted = per_request_acceptance(outs)
                 chosen = {}
-                if config.startswith("mtad"):
-                    # vLLM's counters are global to the process and the engine built last
-                    # owns them (several engines live here): MTAD's own counts instead.
+                if is_mtad:
                     stats = llm.collective_rpc(drafter_stats)[0]
                     chosen = {k: v - chosen0.get(k, 0) for k, v in stats["policy_chosen"].items()
                               if v - chosen0.get(k, 0)}
-                    delta = {"drafts": stats["verified_drafts"] - stats0["verified_drafts"],
-                             "accepted": stats["accepted_tokens"] - stats0["accepted_tokens"]}
                 bar.update(1)
                 return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
-                        "acceptance": (1 + delta["accepted"] / delta["drafts"]
-                                       if delta["drafts"] else None), "chosen": chosen}
+                        "acceptance": 1 + accepted / drafts if drafts else None,
+                        "drafts": drafts, "chosen": chosen}
 
             n = max(batch, args.min_prompts)
             warm = prompts[per_run: per_run + n]
@@ -171,9 +196,8 @@ def main(argv=None) -> None:
                                       chosen.items(), key=lambda kv: -kv[1])[:4])}
                                  | ({"policy": belief} if config == "mtad_adaptive" else {}))
     bar.close()
-    for name in ("target", "vllm_sd", "mtad"):
-        if engines[name] is not None:
-            close(engines[name])
+    for llm in [*engines.values(), *sd_engines.values()]:
+        close(llm)
     table = markdown_table(cells_out, [("cell", "cell"), ("batch", "batch"),
                                        ("config", "config"), ("tok_s", "tok/s (median)"),
                                        ("min", "min"), ("max", "max"),
@@ -185,6 +209,18 @@ def main(argv=None) -> None:
     _plot(cells_out, os.path.join(args.out, "policy_grid.png"))
     print(table)
     print(f"written to {out}", file=sys.stderr)
+
+
+def per_request_acceptance(outs) -> tuple[int, int]:
+    """(verify steps with a draft, draft tokens accepted) over finished requests, from vLLM's
+    per-request spec-decode metrics (per_request_spec_decode_metrics="summary")."""
+    drafts = accepted = 0
+    for out in outs:
+        metrics = out.outputs[0].spec_decode_metrics
+        if metrics is not None:
+            drafts += sum(metrics.histogram)
+            accepted += sum(j * count for j, count in enumerate(metrics.histogram))
+    return drafts, accepted
 
 
 def llm_snapshot(llm, drafter_stats) -> dict:

@@ -165,11 +165,20 @@ def test_policy_grid_on_tiny_pair(tmp_path):
     data = json.loads((tmp_path / "out" / "policy_grid.json").read_text())
     assert data["environment"]["cpu_model"] and "cpu_flags" in data["environment"]
     cells = {(c["cell"], c["batch"], c["config"]): c for c in data["cells"]}
-    assert len(cells) == 2 * 2 * 4
+    # T=1: target, vLLM SD with probabilistic and with greedy drafts, MTAD fixed, adaptive
+    # (γ ≤ 4) and adaptive with γ ≤ 8; T=0: one vLLM SD (greedy drafts).
+    assert len(cells) == 2 * 6 + 2 * 5
     for (cell, batch, config), c in cells.items():
         assert c["min"] <= c["tok_s"] <= c["max"]
-        if config.startswith("mtad") or config == "vllm_sd":
+        if config in ("mtad_fixed", "vllm_sd", "vllm_sd_greedy"):
             assert 1 <= c["acceptance"] <= 5
+        if config == "mtad_adaptive_g8" and c["acceptance"] is not None:
+            assert 1 <= c["acceptance"] <= 9
+    # The γ bounds hold: adaptive drafts at most 4 tokens, adaptive_g8 at most 8.
+    for (cell, batch, config), c in cells.items():
+        for key in filter(None, c["chosen"].split(" ")):
+            tokens = int(key.split("_g")[1].split(":")[0])
+            assert tokens <= (8 if config == "mtad_adaptive_g8" else 4), (config, key)
     # Each run times at least --min-prompts (4) prompts, ``batch`` at a time.
     assert all(r["tokens"] == 12 * max(r["batch"], 4) for r in data["runs"])
     # What the adaptive policy believed at the end of each cell: four fitted cost lines.

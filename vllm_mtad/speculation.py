@@ -277,3 +277,18 @@ def force_plans(plans):
             speculation.forced = None if plans is None else [tuple(p) for p in plans]
             speculation.steps = 0
     return apply
+
+
+def limit_plans(max_tokens: int | None):
+    """For ``LLM.collective_rpc(limit_plans(n))``: every MTAD runner's adaptive policy chooses
+    γ ≤ n from its next step (None: up to num_speculative_tokens again). A benchmark's way to
+    compare draft-length bounds on one engine, which then shares its measurements."""
+    def apply(worker):
+        speculation = getattr(getattr(worker.model_runner, "drafter", None), "speculation", None)
+        if speculation is not None:
+            G = speculation.cfg.num_speculative_tokens
+            top = G if max_tokens is None else max(0, min(int(max_tokens), G))
+            b = speculation.bounds
+            speculation.bounds = policy.Bounds(b.beam_width, top, b.min_beam_width,
+                                               min(speculation.cfg.min_speculative_tokens, top))
+    return apply
