@@ -72,6 +72,7 @@ def test_command_line_jsonl(tiny_pair_dirs, ray_cluster, tmp_path):
          str(draft_dir), "--input", str(tmp_path / "in.jsonl"), "--output",
          str(tmp_path / "out.jsonl"), "--engines", "1", "--ray-address", address,
          "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "8",
+         "--enforce-eager",
          "--kv-cache-memory-bytes", str(16384 * TINY_KV_BYTES_PER_TOKEN)],
         env=env, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="no torch.compile / CUDA graphs (as vLLM's --enforce-eager)")
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None,
                         help="KV cache per engine (default: vLLM's own sizing)")
     args = parser.parse_args(argv)
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
                                             "beam_width": args.beam_width,
                                             "acceptance_threshold": args.threshold,
                                             "speculation_policy": args.speculation_policy}}
-    for key in ("max_model_len", "max_num_seqs", "kv_cache_memory_bytes"):
+    for key in ("max_model_len", "max_num_seqs", "kv_cache_memory_bytes", "enforce_eager"):
         if getattr(args, key):
             engine_kwargs[key] = getattr(args, key)
     ray.init(address=args.ray_address, include_dashboard=False)
