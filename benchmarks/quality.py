@@ -10,10 +10,11 @@ quality against speed.
 Configurations (seeds fixed per problem and sample, so every configuration is rerunnable and
 paired with every other; sampled rows use the paper's truncation, top-k 10, top-p 0.9):
 - target alone at T ∈ {0, 0.2, 0.4, 0.6, 0.8, 1.0};
-- MTAD (γ=4, W=4, the fixed policy) at T ∈ {0.6, 0.8, 1.0} × τ ∈ {0.3, 0.5, 0.7} (one engine,
-  τ per request), greedy "joint" at T=0, W=1 at T=1, τ=0.5 (joint acceptance without beams),
-  and the adaptive policy (the default) at T=1, τ=0.5: what the policy chose while generating
-  is appended to ``policy.jsonl`` (its output depends on the load, unlike the others');
+- MTAD (γ=4, W=4, the fixed policy) at T ∈ {0.6, 0.8, 1.0} × τ ∈ {0.3, 0.5, 0.7}, greedy
+  "joint" at T=0, W=1 at T=1, τ=0.5 (joint acceptance without beams), and the adaptive policy
+  (the default) at T=1, τ=0.5: what the policy chose while generating is appended to
+  ``policy.jsonl`` (its output depends on the load, unlike the others'). The W=4
+  configurations share one adaptive engine, τ and "fixed" set per request;
 - vLLM SD (``draft_model``, probabilistic drafts) at every target temperature on the first
   ``--sd-problems`` problems only: it is lossless, so its quality is the target's; its pass@1
   is a sanity line, checked to fall inside the target's interval.
@@ -65,10 +66,11 @@ TRUNCATION = {k: v for k, v in PAPER.items() if k != "temperature"}  # top-k 10,
 @dataclass(frozen=True)
 class Config:
     name: str
-    engine: str  # "target", "mtad_w4", "mtad_w1", "mtad_adaptive" or "vllm_sd"
+    engine: str  # "target", "mtad_w4", "mtad_w1" or "vllm_sd"
     temperature: float
     tau: float | None = None
     greedy: str | None = None  # MTAD's greedy_acceptance at T=0
+    policy: str = "fixed"  # MTAD's speculation_policy (the W=4 engine is adaptive)
 
     def extra_args(self) -> dict | None:
         if not self.engine.startswith("mtad"):
@@ -76,6 +78,8 @@ class Config:
         extra = {"acceptance_threshold": self.tau}
         if self.greedy:
             extra["greedy_acceptance"] = self.greedy
+        if self.engine == "mtad_w4" and self.policy == "fixed":
+            extra["speculation_policy"] = "fixed"  # W=4, γ=4 every step it is in
         return extra
 
 
@@ -85,17 +89,19 @@ def grid() -> list[Config]:
                 for t in MTAD_TEMPERATURES for tau in TAUS]
     configs += [Config("MTAD joint T=0", "mtad_w4", 0.0, 0.5, "joint"),
                 Config("MTAD W=1 T=1.0 τ=0.5", "mtad_w1", 1.0, 0.5),
-                Config("MTAD adaptive T=1.0 τ=0.5", "mtad_adaptive", 1.0, 0.5)]
+                Config("MTAD adaptive T=1.0 τ=0.5", "mtad_w4", 1.0, 0.5, policy="adaptive")]
     configs += [Config(f"vLLM SD T={t}", "vllm_sd", t) for t in TARGET_TEMPERATURES]
     return configs
 
 
 def engine_specs(draft: str) -> dict:
-    return {"target": None, "mtad_w4": mtad_spec(draft, GAMMA, 4, 0.5),
+    # The W=4 engine runs the default policy, adaptive (W ≤ 4, γ ≤ 4 chosen per step from
+    # measured costs; its output depends on the load it runs under), for the adaptive
+    # configuration; the fixed ones ask for "fixed" per request, which gives a fixed engine's
+    # output (tests/test_adaptive_engine.py), and one engine fewer in memory for --speed.
+    return {"target": None,
+            "mtad_w4": mtad_spec(draft, GAMMA, 4, 0.5, speculation_policy="adaptive"),
             "mtad_w1": mtad_spec(draft, GAMMA, 1, 0.5),
-            # The default policy (W ≤ 4, γ ≤ 4 chosen per step from measured costs): what a
-            # user gets by default; its output depends on the load it ran under.
-            "mtad_adaptive": mtad_spec(draft, GAMMA, 4, 0.5, speculation_policy="adaptive"),
             "vllm_sd": draft_model_spec(draft, GAMMA)}
 
 
@@ -158,12 +164,18 @@ def generate(llm, configs, problems, samples, store, args, bar) -> None:
             bar.update(len(part))
 
 
-def record_policy(llm, path: Path, run: str, samples: int) -> None:
-    """Append the adaptive engine's (W, γ) step counts since it was built (one line per
-    sitting: ``run`` is "quality" or "speed")."""
+def policy_chosen(llm, since: dict | None = None) -> dict:
+    """The MTAD engine's (W, γ) step counts (``since``: minus an earlier reading)."""
     from vllm_mtad.proposer import drafter_stats
 
-    chosen = llm.collective_rpc(drafter_stats)[0]["policy_chosen"]
+    now = llm.collective_rpc(drafter_stats)[0]["policy_chosen"]
+    since = since or {}
+    return {k: v - since.get(k, 0) for k, v in now.items() if v - since.get(k, 0)}
+
+
+def record_policy(path: Path, run: str, samples: int, chosen: dict) -> None:
+    """Append what the adaptive configuration chose in one sitting (``run``: "quality" or
+    "speed"; ``samples``: requests it generated)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as fh:
         fh.write(json.dumps({"run": run, "samples": samples, "chosen": chosen,
@@ -239,9 +251,13 @@ def run_quality(args, target, draft, problems, out: Path) -> None:
                 continue
             bar.set_postfix_str(engine)
             llm = build_llm(target, specs[engine], **llm_settings(args.tiny, kv))
-            generate(llm, cs, probs, args.samples, records, args, bar)
-            if engine == "mtad_adaptive":
-                record_policy(llm, out / "policy.jsonl", "quality", len(missing))
+            for c in cs:
+                before = policy_chosen(llm) if c.policy == "adaptive" else None
+                generate(llm, [c], probs, args.samples, records, args, bar)
+                if before is not None:
+                    made = sum(1 for m in missing if m is c)
+                    record_policy(out / "policy.jsonl", "quality", made,
+                                  policy_chosen(llm, before))
             close(llm)
     unscored = [k for k in records.rows if k not in scores]
     if unscored:
@@ -263,13 +279,20 @@ def run_speed(args, target, draft, problems, out: Path) -> None:
     n = args.speed_prompts
     timed, warm = problems[:n], problems[n:2 * n]
 
+    chosen: dict = {}  # the adaptive configuration's (W, γ) steps, warm-up runs included
+
     def run(config, chunk) -> float:
         params = [sampling_params(config, seed_of(i, 0), args.speed_tokens, True, stop=False)
                   for i in range(len(chunk))]
+        llm = engines[config.engine]
+        before = policy_chosen(llm) if config.policy == "adaptive" else None
         t0 = time.perf_counter()
-        outs = engines[config.engine].generate([p["prompt"] for p in chunk], params,
-                                               use_tqdm=False)
-        return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0)
+        outs = llm.generate([p["prompt"] for p in chunk], params, use_tqdm=False)
+        tok_s = sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0)
+        if before is not None:
+            for k, v in policy_chosen(llm, before).items():
+                chosen[k] = chosen.get(k, 0) + v
+        return tok_s
 
     results = {c.name: [] for c in configs}
     with tqdm(total=len(configs) * (1 + args.repeats), desc="speed runs", unit="run") as bar:
@@ -280,9 +303,8 @@ def run_speed(args, target, draft, problems, out: Path) -> None:
             for c in configs[r % len(configs):] + configs[:r % len(configs)]:
                 results[c.name].append(run(c, timed))
                 bar.update(1)
-    if "mtad_adaptive" in engines:  # warm-up and timed runs together
-        record_policy(engines["mtad_adaptive"], out / "policy.jsonl", "speed",
-                      (1 + args.repeats) * n)
+    if chosen:
+        record_policy(out / "policy.jsonl", "speed", (1 + args.repeats) * n, chosen)
     for llm in engines.values():
         close(llm)
     speed = {name: {"tok_s": statistics.median(v), "min": min(v), "max": max(v), "runs": v}
@@ -317,7 +339,8 @@ def summarise(configs, problems, samples, records: Store, scores: Store, speed: 
                if k in scores]
         hit = sum(records.rows[k]["finish_reason"] == "length" for k in keys)
         mean, lo, hi = bootstrap_mean(p1)
-        row = {"config": c.name, "engine": c.engine, "temperature": c.temperature,
+        engine = "mtad_adaptive" if c.policy == "adaptive" else c.engine  # its own marker
+        row = {"config": c.name, "engine": engine, "temperature": c.temperature,
                "tau": c.tau, "problems": len(probs), "samples": samples,
                "pass@1": mean, "pass@1 low": lo, "pass@1 high": hi, "hit max_tokens": hit}
         if ppl:
