@@ -25,8 +25,10 @@ soon as its chunk is generated and checked, and its perplexity to ``scores.jsonl
 a rerun skips what is there. Quality does not depend on timing, so this part may run beside
 other work. The speed axis (``--speed``) must not: every engine is built and warmed up on other
 prompts, then the configurations run ``--repeats`` times in rotating order, each generating
-``--speed-tokens`` tokens (ignore_eos) for ``--speed-prompts`` problems at once; median tok/s
-and range go to ``speed.json`` with the machine's CPU model and flags.
+``--speed-tokens`` tokens (ignore_eos) for ``--speed-prompts`` problems, ``--speed-batch`` at a
+time (default: all at once); median tok/s and range go to ``speed-b<batch>.json`` with the
+machine's CPU model and flags. The report's frontier uses the smallest batch measured; every
+other batch is a column of the table.
 
 Statistics (benchmarks/quality_stats.py): pass@1 per problem with the unbiased estimator
 (pass@k, Chen et al. 2021) and its mean with a 95 % percentile bootstrap over problems; MTAD
@@ -278,6 +280,7 @@ def run_speed(args, target, draft, problems, out: Path) -> None:
                for e in dict.fromkeys(c.engine for c in configs)}
     n = args.speed_prompts
     timed, warm = problems[:n], problems[n:2 * n]
+    batch = args.speed_batch or n
 
     chosen: dict = {}  # the adaptive configuration's (W, γ) steps, warm-up runs included
 
@@ -287,7 +290,10 @@ def run_speed(args, target, draft, problems, out: Path) -> None:
         llm = engines[config.engine]
         before = policy_chosen(llm) if config.policy == "adaptive" else None
         t0 = time.perf_counter()
-        outs = llm.generate([p["prompt"] for p in chunk], params, use_tqdm=False)
+        outs = []
+        for i in range(0, len(chunk), batch):  # at most ``batch`` requests at once
+            outs += llm.generate([p["prompt"] for p in chunk[i:i + batch]],
+                                 params[i:i + batch], use_tqdm=False)
         tok_s = sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0)
         if before is not None:
             for k, v in policy_chosen(llm, before).items():
@@ -309,12 +315,22 @@ def run_speed(args, target, draft, problems, out: Path) -> None:
         close(llm)
     speed = {name: {"tok_s": statistics.median(v), "min": min(v), "max": max(v), "runs": v}
              for name, v in results.items()}
-    previous = json.loads((out / "speed.json").read_text())["configs"] \
-        if (out / "speed.json").exists() else {}
+    path = out / f"speed-b{batch}.json"
+    previous = json.loads(path.read_text())["configs"] if path.exists() else {}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "speed.json").write_text(json.dumps(
-        {"environment": environment(), "args": {k: str(v) for k, v in vars(args).items()},
+    path.write_text(json.dumps(
+        {"environment": environment(), "batch": batch,
+         "args": {k: str(v) for k, v in vars(args).items()},
          "configs": previous | speed}, indent=2))
+
+
+def read_speeds(out: Path) -> dict[int, dict]:
+    """{batch: {config: {"tok_s", "min", "max", "runs"}}} from every speed-b<batch>.json."""
+    speeds = {}
+    for path in out.glob("speed-b*.json"):
+        data = json.loads(path.read_text())
+        speeds[int(data["batch"])] = data["configs"]
+    return dict(sorted(speeds.items()))
 
 
 def summarise(configs, problems, samples, records: Store, scores: Store, speed: dict,
@@ -345,8 +361,13 @@ def summarise(configs, problems, samples, records: Store, scores: Store, speed: 
                "pass@1": mean, "pass@1 low": lo, "pass@1 high": hi, "hit max_tokens": hit}
         if ppl:
             row["ppl"], row["ppl low"], row["ppl high"] = bootstrap_mean(ppl)
-        if c.name in speed:
-            row["tok/s"] = speed[c.name]["tok_s"]
+        for b, configs_speed in speed.items():
+            if c.name in configs_speed:
+                row[f"tok/s b{b}"] = configs_speed[c.name]["tok_s"]
+                row[f"tok/s b{b} range"] = [configs_speed[c.name]["min"],
+                                            configs_speed[c.name]["max"]]
+        if speed and c.name in speed[min(speed)]:  # the frontier's axis: the smallest batch
+            row["tok/s"] = speed[min(speed)][c.name]["tok_s"]
         rows.append(row)
     for row in rows:  # MTAD (and vLLM SD) against the target alone at the same temperature
         base = per_problem.get(f"target T={row['temperature']}")
@@ -362,7 +383,7 @@ def summarise(configs, problems, samples, records: Store, scores: Store, speed: 
     return rows
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, batch: int | None = None) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -388,7 +409,7 @@ def plot(rows: list[dict], path: Path) -> None:
             front = [r for r in have if r.get("frontier")]
             ax.plot([r["tok/s"] for r in front], [r[key] for r in front], "k--", lw=0.8,
                     label="frontier")
-        ax.set_xlabel("tokens/s (batch of --speed-prompts)")
+        ax.set_xlabel(f"tokens/s (batch {batch})")
         ax.set_ylabel(label)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -398,21 +419,21 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def report(args, problems, out: Path) -> list[dict]:
     records, scores = Store(out / "records.jsonl"), Store(out / "scores.jsonl")
-    speed_path = out / "speed.json"
-    speed = json.loads(speed_path.read_text())["configs"] if speed_path.exists() else {}
+    speed = read_speeds(out)
     rows = summarise(grid(), problems, args.samples, records, scores, speed, args.sd_problems)
     columns = [("config", "configuration"), ("problems", "problems"), ("pass@1", "pass@1"),
                ("pass@1 low", "low"), ("pass@1 high", "high"),
                ("Δ pass@1 vs target", "Δ vs target, same T"), ("ppl", "PPL"),
-               ("hit max_tokens", "hit max_tokens"), ("tok/s", "tok/s"),
-               ("frontier", "frontier")]
+               ("hit max_tokens", "hit max_tokens")]
+    columns += [(f"tok/s b{b}", f"tok/s, batch {b}") for b in speed]
+    columns += [("frontier", "frontier")]
     table = markdown_table(rows, columns)
     write_outputs("quality", {"environment": environment(), "samples": args.samples,
                               "max_tokens": args.max_tokens, "configs": [asdict(c) for c in grid()],
                               "rows": rows, "speed": speed,
                               "adaptive_policy_steps": policy_summary(out / "policy.jsonl")},
                   table, out)
-    plot(rows, out / "quality.png")
+    plot(rows, out / "quality.png", min(speed) if speed else None)
     print(table)
     return rows
 
@@ -431,6 +452,8 @@ def main(argv=None) -> None:
     ap.add_argument("--only", nargs="+", help="configuration names to run (default: all)")
     ap.add_argument("--speed", action="store_true", help="measure the speed axis instead")
     ap.add_argument("--speed-prompts", type=int, default=16)
+    ap.add_argument("--speed-batch", type=int, default=0,
+                    help="requests at once in the speed runs (default: --speed-prompts)")
     ap.add_argument("--speed-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--report-only", action="store_true")

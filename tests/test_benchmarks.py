@@ -237,14 +237,18 @@ def test_quality_grid_on_tiny_pair_resumes_and_reports(tmp_path):
     before = (out / "records.jsonl").read_text(), (out / "scores.jsonl").read_text()
     run_module(common, tmp_path)  # resumed: nothing left to do
     assert ((out / "records.jsonl").read_text(), (out / "scores.jsonl").read_text()) == before
-    run_module([*common, "--speed", "--speed-prompts", "1", "--speed-tokens", "8",
-                "--repeats", "1"], tmp_path)
+    for batch in ("1", "2"):  # two prompts, one at a time, then both at once
+        run_module([*common, "--speed", "--speed-prompts", "2", "--speed-batch", batch,
+                    "--speed-tokens", "8", "--repeats", "1"], tmp_path)
     data = json.loads((out / "quality.json").read_text())
     rows = {r["config"]: r for r in data["rows"]}
     assert set(rows) == set(only)
     for name, row in rows.items():
         assert 0 <= row["pass@1 low"] <= row["pass@1"] <= row["pass@1 high"] <= 1
-        assert row["tok/s"] > 0 and row["ppl"] >= 1
+        assert row["ppl"] >= 1
+        # The frontier's axis is the smallest batch; both batches are in the row.
+        assert row["tok/s"] == row["tok/s b1"] > 0 and row["tok/s b2"] > 0
+        assert row["tok/s b1 range"][0] <= row["tok/s b1"] <= row["tok/s b1 range"][1]
         assert ("Δ pass@1 vs target" in row) == (name == "vLLM SD T=0.0")  # only T=0 target
     assert set(data["adaptive_policy_steps"]) == {"quality", "speed"}
     assert data["environment"]["cpu_model"]
