@@ -215,16 +215,18 @@ def test_step_phases_on_tiny_pair(tmp_path):
 @pytest.mark.system
 def test_quality_grid_on_tiny_pair_resumes_and_reports(tmp_path):
     """benchmarks.quality end to end on three problems: records and perplexities per
-    (configuration, problem), a rerun that adds nothing, the speed axis, and the report with
-    the adaptive policy's choices."""
+    (configuration, problem), a rerun that adds nothing, the speed axis at two batch sizes
+    (W=1 timed on the W=4 engine, forced), and the report with the adaptive policy's
+    choices."""
     out = tmp_path / "out"
-    only = ["target T=0.0", "MTAD T=1.0 τ=0.5", "MTAD adaptive T=1.0 τ=0.5", "vLLM SD T=0.0"]
+    only = ["target T=0.0", "MTAD T=1.0 τ=0.5", "MTAD W=1 T=1.0 τ=0.5",
+            "MTAD adaptive T=1.0 τ=0.5", "vLLM SD T=0.0"]
     common = ["benchmarks.quality", "--tiny", "--problems", "3", "--sd-problems", "2",
               "--max-tokens", "12", "--chunk", "2", "--out", str(out), "--only", *only]
     run_module(common, tmp_path)
     records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
     assert sorted((r["config"], r["task_id"]) for r in records) == sorted(
-        [(c, f"HumanEval/{i}") for c in only[:3] for i in range(3)]
+        [(c, f"HumanEval/{i}") for c in only[:4] for i in range(3)]
         + [("vLLM SD T=0.0", f"HumanEval/{i}") for i in range(2)])
     scores = (out / "scores.jsonl").read_text().splitlines()
     assert len(scores) == sum(1 for r in records if r["token_ids"])
