@@ -387,10 +387,22 @@ def summarise(configs, problems, samples, records: Store, scores: Store, speed: 
             ids = list(mine)
             d, lo, hi = paired_bootstrap_diff([mine[i] for i in ids], [base[i] for i in ids])
             row["Δ pass@1 vs target"] = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-    quality_points = [(r["tok/s"], r["pass@1"]) for r in rows if "tok/s" in r]
-    on = set(pareto_frontier(quality_points))
-    for j, r in enumerate([r for r in rows if "tok/s" in r]):
-        r["frontier"] = "yes" if j in on else ""
+    # vLLM SD is lossless: on the frontier it carries the target's quality at its temperature
+    # (all problems), at its own speed; its own pass@1 is on --sd-problems only (a sanity line).
+    by_name = {r["config"]: r for r in rows}
+    for row in rows:
+        source = by_name.get(f"target T={row['temperature']}") if row["engine"] == "vllm_sd" \
+            else row
+        for key in ("pass@1", "pass@1 low", "pass@1 high", "ppl", "ppl low", "ppl high"):
+            if source is not None and key in source:
+                row[f"quality {key}"] = source[key]
+    timed = [r for r in rows if "tok/s" in r and "quality pass@1" in r]
+    on_pass = set(pareto_frontier([(r["tok/s"], r["quality pass@1"]) for r in timed]))
+    on_ppl = set(pareto_frontier([(r["tok/s"], -r["quality ppl"]) for r in timed
+                                  if "quality ppl" in r]))
+    for j, r in enumerate(timed):
+        r["frontier"] = ", ".join(name for name, on in (("pass@1", on_pass), ("PPL", on_ppl))
+                                  if j in on)
     return rows
 
 
@@ -403,23 +415,27 @@ def plot(rows: list[dict], path: Path, batch: int | None = None) -> None:
     if not rows:
         return
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, key, label in ((axes[0], "pass@1", "HumanEval pass@1 (95 % bootstrap)"),
-                           (axes[1], "ppl", "perplexity under the target")):
-        have = [r for r in rows if key in r]
-        for engine, marker in (("target", "o"), ("mtad_w4", "s"), ("mtad_w1", "^"),
-                               ("mtad_adaptive", "D"), ("vllm_sd", "x")):
+    for ax, key, label, name in ((axes[0], "pass@1", "HumanEval pass@1 (95 % bootstrap)",
+                                  "pass@1"),
+                                 (axes[1], "ppl", "perplexity under the target", "PPL")):
+        q = f"quality {key}"  # vLLM SD: the target's, lossless
+        have = [r for r in rows if q in r]
+        for engine, marker, legend in (
+                ("target", "o", "target"), ("mtad_w4", "s", "MTAD W=4"),
+                ("mtad_w1", "^", "MTAD W=1"), ("mtad_adaptive", "D", "MTAD adaptive"),
+                ("vllm_sd", "x", "vLLM SD (the target's quality)")):
             sel = [r for r in have if r["engine"] == engine]
             if sel:
-                ax.errorbar([r["tok/s"] for r in sel], [r[key] for r in sel],
-                            yerr=[[r[key] - r[f"{key} low"] for r in sel],
-                                  [r[f"{key} high"] - r[key] for r in sel]],
-                            fmt=marker, capsize=3, label=engine)
+                ax.errorbar([r["tok/s"] for r in sel], [r[q] for r in sel],
+                            yerr=[[r[q] - r[f"{q} low"] for r in sel],
+                                  [r[f"{q} high"] - r[q] for r in sel]],
+                            fmt=marker, capsize=3, label=legend)
                 for r in sel:
-                    ax.annotate(r["config"].split(" ", 1)[1], (r["tok/s"], r[key]), fontsize=6)
-        if key == "pass@1":
-            front = [r for r in have if r.get("frontier")]
-            ax.plot([r["tok/s"] for r in front], [r[key] for r in front], "k--", lw=0.8,
-                    label="frontier")
+                    ax.annotate(r["config"].split(" ", 1)[1], (r["tok/s"], r[q]), fontsize=6)
+        front = sorted((r for r in have if name in r.get("frontier", "")),
+                       key=lambda r: r["tok/s"])
+        ax.plot([r["tok/s"] for r in front], [r[q] for r in front], "k--", lw=0.8,
+                label="frontier")
         ax.set_xlabel(f"tokens/s (batch {batch})")
         ax.set_ylabel(label)
         ax.legend(fontsize=7)
