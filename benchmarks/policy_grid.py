@@ -5,9 +5,10 @@ MTAD (fixed W=4, γ=4 against the adaptive policy) by batch size and temperature
     python -m benchmarks.policy_grid --batches 1 4 16 48      # the issue's whole grid
     python -m benchmarks.policy_grid --tiny --batches 1 2 --tokens 16   # a minute (tests)
 
-Engines (in-process, all alive during a cell): the target alone; vLLM ``draft_model`` with
-probabilistic draft tokens at T=1 ("vllm_sd") and with greedy drafts ("vllm_sd_greedy": at T=1,
-and "vllm_sd" at T=0, where vLLM drafts greedily either way); MTAD with
+Engines (in-process, all alive during a cell; three, since four real-pair engines do not fit
+in 24 GiB): the target alone; vLLM ``draft_model`` with probabilistic draft tokens at T=1
+("vllm_sd") or with greedy drafts (cell "T=1 SD greedy": the target, it and MTAD adaptive;
+at T=0 "vllm_sd" drafts greedily); MTAD with
 ``speculation_policy: "adaptive"`` and num_speculative_tokens = max(--gamma, --long-gamma).
 The MTAD engine runs every MTAD configuration: "mtad_fixed" is the engine with every step forced
 to (W=4, γ=--gamma) (vllm_mtad.speculation.force_plans; exact-greedy batches use one beam, as
@@ -15,7 +16,8 @@ the fixed policy does), "mtad_adaptive" lets the policy choose with γ ≤ --gam
 "mtad_adaptive_g8" with γ ≤ --long-gamma (vllm_mtad.speculation.limit_plans). So the MTAD
 configurations differ in the choice alone, and share the policy's measurements.
 
-Cells: batch size x {T=1 (top-k 10, top-p 0.9), T=0 "joint", T=0 "exact"}. In each cell, every
+Cells: batch size x {T=1 (top-k 10, top-p 0.9), T=1 with vLLM SD's greedy drafts, T=0
+"joint", T=0 "exact"}. In each cell, every
 configuration first runs once untimed on other prompts (warm-up: caches, and the policy's
 measurements at this load), then the configurations are run ``--repeats`` times in rotating
 order (interleaved); each run generates ``--tokens`` tokens (ignore_eos) for ``batch`` HumanEval
@@ -44,7 +46,8 @@ from devtools.engine import build_llm, close, draft_model_spec, mtad_spec
 from devtools.models import add_model_args, resolve_pair
 
 PAPER = {"temperature": 1.0, "top_k": 10, "top_p": 0.9}
-CELLS = (("T=1", PAPER, None), ("T=0 joint", {"temperature": 0.0}, "joint"),
+CELLS = (("T=1", PAPER, None), ("T=1 SD greedy", PAPER, None),
+         ("T=0 joint", {"temperature": 0.0}, "joint"),
          ("T=0 exact", {"temperature": 0.0}, "exact"))
 
 
@@ -104,12 +107,13 @@ def main(argv=None) -> None:
         mtad_limits[f"mtad_adaptive_g{long_gamma}"] = long_gamma
 
     def cell_configs(cell_name):
-        sd = ["vllm_sd", "vllm_sd_greedy"] if cell_name == "T=1" else ["vllm_sd"]
-        return ["target", *sd, *mtad_limits]
+        if cell_name == "T=1 SD greedy":  # vLLM SD's other draft method, beside the default
+            return ["target", "vllm_sd_greedy", "mtad_adaptive"]
+        return ["target", "vllm_sd", *mtad_limits]
 
     def sd_engine_of(cell_name, config):
         """The draft_model spec a SD configuration runs in a cell (greedy drafts at T=0)."""
-        return "vllm_sd_greedy" if cell_name != "T=1" else config
+        return "vllm_sd" if cell_name == "T=1" else "vllm_sd_greedy"
 
     runs, cells_out = [], []
     total = sum(len(cell_configs(c)) for c in args.cells) * len(args.batches) * (

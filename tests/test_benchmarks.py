@@ -160,14 +160,15 @@ def test_kv_cost_beams_reserve_nothing_in_the_target_layers(tmp_path):
 @pytest.mark.slow
 def test_policy_grid_on_tiny_pair(tmp_path):
     run_module(["benchmarks.policy_grid", "--tiny", "--batches", "1", "2", "--tokens", "12",
-                "--repeats", "2", "--cells", "T=1", "T=0 exact", "--out", str(tmp_path / "out")],
+                "--repeats", "2", "--cells", "T=1", "T=1 SD greedy", "T=0 exact", "--out",
+                str(tmp_path / "out")],
                tmp_path)
     data = json.loads((tmp_path / "out" / "policy_grid.json").read_text())
     assert data["environment"]["cpu_model"] and "cpu_flags" in data["environment"]
     cells = {(c["cell"], c["batch"], c["config"]): c for c in data["cells"]}
-    # T=1: target, vLLM SD with probabilistic and with greedy drafts, MTAD fixed, adaptive
-    # (γ ≤ 4) and adaptive with γ ≤ 8; T=0: one vLLM SD (greedy drafts).
-    assert len(cells) == 2 * 6 + 2 * 5
+    # T=1 and T=0 exact: target, vLLM SD, MTAD fixed, adaptive (γ ≤ 4) and adaptive with γ ≤ 8;
+    # "T=1 SD greedy": target, vLLM SD with greedy drafts, MTAD adaptive.
+    assert len(cells) == 2 * 5 + 2 * 3 + 2 * 5
     for (cell, batch, config), c in cells.items():
         assert c["min"] <= c["tok_s"] <= c["max"]
         if config in ("mtad_fixed", "vllm_sd", "vllm_sd_greedy"):
