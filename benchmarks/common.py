@@ -66,3 +66,11 @@ def write_outputs(name: str, payload: dict, table: str, out_dir: Path | None = N
     (out_dir / f"{name}.json").write_text(json.dumps(payload, indent=2))
     (out_dir / f"{name}.md").write_text(table + "\n")
     return out_dir
+
+
+def generate_in_batches(llm, prompts: list, params: list, batch: int) -> list:
+    """``llm.generate`` over ``prompts`` with at most ``batch`` requests at once, in order."""
+    outs = []
+    for i in range(0, len(prompts), batch):
+        outs += llm.generate(prompts[i:i + batch], params[i:i + batch], use_tqdm=False)
+    return outs

@@ -41,7 +41,7 @@ import statistics
 import sys
 import time
 
-from benchmarks.common import environment, markdown_table, write_outputs
+from benchmarks.common import environment, generate_in_batches, markdown_table, write_outputs
 from devtools.engine import build_llm, close, draft_model_spec, mtad_spec
 from devtools.models import add_model_args, resolve_pair
 
@@ -111,27 +111,20 @@ def main(argv=None) -> None:
             return ["target", "vllm_sd_greedy", "mtad_adaptive"]
         return ["target", "vllm_sd", *mtad_limits]
 
-    def sd_engine_of(cell_name, config):
-        """The draft_model spec a SD configuration runs in a cell (greedy drafts at T=0)."""
-        return "vllm_sd" if cell_name == "T=1" else "vllm_sd_greedy"
-
     runs, cells_out = [], []
     total = sum(len(cell_configs(c)) for c in args.cells) * len(args.batches) * (
         1 + args.repeats)
     bar = tqdm(total=total, desc="runs", unit="run")
-    sd_engines: dict = {}  # spec name -> LLM, the ones the current cell needs
+    sd_name, sd_llm = None, None  # one SD engine at a time: the one this cell needs
     for cell_name, sampling, mode in CELLS:
         if cell_name not in args.cells:
             continue
         configs = cell_configs(cell_name)
-        wanted = {sd_engine_of(cell_name, c) for c in configs if c.startswith("vllm_sd")}
-        if set(sd_engines) - wanted:
-            # Shutting an in-process engine down tears down vLLM's process-wide parallel
-            # state, which the next engine built sets up again: rebuild every SD engine.
-            for name in list(sd_engines):
-                close(sd_engines.pop(name))
-        for name in sorted(wanted - set(sd_engines)):
-            sd_engines[name] = build_llm(target, sd_specs[name], **spec_kw)
+        wanted = "vllm_sd" if cell_name == "T=1" else "vllm_sd_greedy"  # greedy drafts at T=0
+        if wanted != sd_name:
+            if sd_llm is not None:
+                close(sd_llm)  # before the build: it sets vLLM's parallel state up again
+            sd_name, sd_llm = wanted, build_llm(target, sd_specs[wanted], **spec_kw)
         for batch in args.batches:
             extra = {"greedy_acceptance": mode} if mode else None
 
@@ -145,7 +138,7 @@ def main(argv=None) -> None:
                 elif config == "target":
                     llm = engines["target"]
                 else:
-                    llm = sd_engines[sd_engine_of(cell_name, config)]
+                    llm = sd_llm
                 params = [SamplingParams(max_tokens=args.tokens, ignore_eos=True,
                                          seed=seed + i, **sampling,
                                          extra_args=extra if is_mtad else None)
@@ -153,10 +146,7 @@ def main(argv=None) -> None:
                 chosen0 = (llm.collective_rpc(drafter_stats)[0]["policy_chosen"] if is_mtad
                            else {})
                 t0 = time.perf_counter()
-                outs = []
-                for i in range(0, len(chunk), batch):  # at most ``batch`` requests at once
-                    outs += llm.generate(chunk[i:i + batch], params[i:i + batch],
-                                         use_tqdm=False)
+                outs = generate_in_batches(llm, chunk, params, batch)
                 seconds = time.perf_counter() - t0
                 tokens = sum(len(o.outputs[0].token_ids) for o in outs)
                 drafts, accepted = per_request_acceptance(outs)
@@ -200,7 +190,7 @@ def main(argv=None) -> None:
                                       chosen.items(), key=lambda kv: -kv[1])[:4])}
                                  | ({"policy": belief} if config == "mtad_adaptive" else {}))
     bar.close()
-    for llm in [*engines.values(), *sd_engines.values()]:
+    for llm in [*engines.values(), sd_llm]:
         close(llm)
     table = markdown_table(cells_out, [("cell", "cell"), ("batch", "batch"),
                                        ("config", "config"), ("tok_s", "tok/s (median)"),

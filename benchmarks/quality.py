@@ -50,7 +50,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.common import environment, markdown_table, write_outputs
+from benchmarks.common import environment, generate_in_batches, markdown_table, write_outputs
 from benchmarks.compare import HUMANEVAL_STOP, PAPER
 from benchmarks.humaneval_check import run_checks
 from benchmarks.quality_stats import bootstrap_mean, paired_bootstrap_diff, pareto_frontier
@@ -299,10 +299,7 @@ def run_speed(args, target, draft, problems, out: Path) -> None:
             llm.collective_rpc(force_plans([(1, GAMMA)]))
         before = policy_chosen(llm) if config.policy == "adaptive" else None
         t0 = time.perf_counter()
-        outs = []
-        for i in range(0, len(chunk), batch):  # at most ``batch`` requests at once
-            outs += llm.generate([p["prompt"] for p in chunk[i:i + batch]],
-                                 params[i:i + batch], use_tqdm=False)
+        outs = generate_in_batches(llm, [p["prompt"] for p in chunk], params, batch)
         tok_s = sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0)
         if before is not None:
             for k, v in policy_chosen(llm, before).items():

@@ -29,7 +29,8 @@ import time
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_MTAD_PHASE_TIMERS", "1")
 
-from benchmarks.common import environment, markdown_table, write_outputs  # noqa: E402
+from benchmarks.common import (environment, generate_in_batches, markdown_table,  # noqa: E402
+                               write_outputs)
 from benchmarks.policy_grid import CELLS, humaneval_prompts  # noqa: E402
 from devtools.engine import build_llm, close, draft_model_spec, mtad_spec  # noqa: E402
 from devtools.models import add_model_args, resolve_pair  # noqa: E402
@@ -75,10 +76,7 @@ def main(argv=None) -> None:
                   for i in range(len(chunk))]
         llm.collective_rpc(reset_phase_times)
         t0 = time.perf_counter()
-        outs = []
-        for i in range(0, len(chunk), args.batch):
-            outs += llm.generate(chunk[i:i + args.batch], params[i:i + args.batch],
-                                 use_tqdm=False)
+        outs = generate_in_batches(llm, chunk, params, args.batch)
         seconds = time.perf_counter() - t0
         ph = llm.collective_rpc(phase_times)[0]
         steps = ph["calls"]["step"] // 2  # execute_model and sample_tokens: one step

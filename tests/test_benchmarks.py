@@ -253,5 +253,10 @@ def test_quality_grid_on_tiny_pair_resumes_and_reports(tmp_path):
         assert row["tok/s"] == row["tok/s b1"] > 0 and row["tok/s b2"] > 0
         assert row["tok/s b1 range"][0] <= row["tok/s b1"] <= row["tok/s b1 range"][1]
         assert ("Δ pass@1 vs target" in row) == (name == "vLLM SD T=0.0")  # only T=0 target
+    # vLLM SD is lossless: the frontier gives it the target's quality at its temperature (all
+    # problems), not its own pass@1 on --sd-problems.
+    sd, target = rows["vLLM SD T=0.0"], rows["target T=0.0"]
+    assert (sd["quality pass@1"], sd["quality ppl"]) == (target["pass@1"], target["ppl"])
+    assert rows["MTAD T=1.0 τ=0.5"]["quality pass@1"] == rows["MTAD T=1.0 τ=0.5"]["pass@1"]
     assert set(data["adaptive_policy_steps"]) == {"quality", "speed"}
     assert data["environment"]["cpu_model"]

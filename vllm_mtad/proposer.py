@@ -271,9 +271,9 @@ class MTADProposer(DraftModelProposer):
         if ctx.gamma > 1:
             with phase("beam_kv"):
                 layout = BeamKVLayout(ctx.cad.block_table_tensor[:B].clone(),
-                                      self._num_blocks(ctx), ctx.first_pos - 1, ctx.gamma, W, self.block_size,
-                                      self.max_model_len, self.scratch.base if ctx.room else 0,
-                                      ctx.room)
+                                      self._num_blocks(ctx), ctx.first_pos - 1, ctx.gamma, W,
+                                      self.block_size, self.max_model_len,
+                                      self.scratch.base if ctx.room else 0, ctx.room)
                 row_width = layout.row_beam_width
                 self._device_stats["narrowed_rows"] += (row_width < W).sum()
         # Rows the plan gives fewer beams (exact greedy: one) keep only those.

@@ -268,11 +268,17 @@ def _same_on_every_rank(plan: policy.Plan) -> policy.Plan:
     return policy.Plan(w, g, plan.explore, plan.goodput)
 
 
+def of_worker(worker) -> SpeculationController | None:
+    """A vLLM worker's MTAD speculation state (None for runners without MTAD)."""
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    return getattr(drafter, "speculation", None)
+
+
 def force_plans(plans):
     """For ``LLM.collective_rpc(force_plans(...))``: make every MTAD runner cycle through
     ``plans`` ([(W, γ), ...]; None: back to the policy) from its next step."""
     def apply(worker):
-        speculation = getattr(getattr(worker.model_runner, "drafter", None), "speculation", None)
+        speculation = of_worker(worker)
         if speculation is not None:
             speculation.forced = None if plans is None else [tuple(p) for p in plans]
             speculation.steps = 0
@@ -284,7 +290,7 @@ def limit_plans(max_tokens: int | None):
     γ ≤ n from its next step (None: up to num_speculative_tokens again). A benchmark's way to
     compare draft-length bounds on one engine, which then shares its measurements."""
     def apply(worker):
-        speculation = getattr(getattr(worker.model_runner, "drafter", None), "speculation", None)
+        speculation = of_worker(worker)
         if speculation is not None:
             G = speculation.cfg.num_speculative_tokens
             top = G if max_tokens is None else max(0, min(int(max_tokens), G))

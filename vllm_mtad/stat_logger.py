@@ -17,7 +17,6 @@ class MTADStatLogger(StatLoggerBase):
 
     def __init__(self, vllm_config, engine_index: int = 0):
         self.model_name = vllm_config.model_config.served_model_name
-        self.engine_index = engine_index
         self.last: dict[str, int] = {}
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):

@@ -47,14 +47,14 @@ def apply() -> None:
 
 
 def _with_policy_counts(original):
+    from vllm_mtad.metrics import attach
+    from vllm_mtad.speculation import of_worker
+
     @functools.wraps(original)
     def sample_tokens(self, *args, **kwargs):
         output = original(self, *args, **kwargs)
-        drafter = getattr(getattr(self, "model_runner", None), "drafter", None)
-        speculation = getattr(drafter, "speculation", None)
+        speculation = of_worker(self)
         if speculation is not None and speculation.chosen:
-            from vllm_mtad.metrics import attach
-
             attach(output, speculation.chosen)
         return output
 
