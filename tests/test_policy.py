@@ -392,3 +392,11 @@ def test_rows_about_to_finish_gain_at_most_their_tokens_left():
     last = Batch.from_step(["sampled"] * 4, 4, 0, tokens_left=[1] * 4, horizon=4)
     assert expected_tokens(last, stats, 4, 4) == 4.0
     assert choose(last, costs(), stats, Bounds(4, 4), step=1).num_tokens == 0
+    # Nor does exploring it: an exploration step there would pay the draft and learn nothing.
+    plans = [choose(last, costs(), stats, Bounds(4, 4), step=s, explore_period=16)
+             for s in range(16, 16 * 9, 16)]
+    assert all(p.num_tokens == 0 and not p.explore for p in plans)
+    # A batch with one row still running explores as before.
+    mixed = Batch.from_step(["sampled"] * 4, 4, 0, tokens_left=[1, 1, 1, 40], horizon=4)
+    assert any(choose(mixed, costs(), stats, Bounds(4, 4), step=s, explore_period=16).explore
+               for s in range(16, 16 * 9, 16))
