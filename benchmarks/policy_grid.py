@@ -28,7 +28,8 @@ vLLM's per-request spec-decode metrics, so that each engine reports its own) and
 adaptive, the (W, γ) it chose during the timed runs and what it
 believed at the end of the cell (its fitted cost lines and acceptance estimates,
 SpeculationController.snapshot; the engine is shared by the cells, so its counters there add
-up from cell to cell). Output: policy_grid.json (machine, CPU model and flags, every run) and
+up from cell to cell). Output, rewritten after every cell and batch (a grid cut short keeps what
+it measured): policy_grid.json (machine, CPU model and flags, every run) and
 policy_grid.md, plus policy_grid.png (tokens/s against batch, one panel per
 temperature) in --out.
 """
@@ -111,7 +112,8 @@ def main(argv=None) -> None:
             return ["target", "vllm_sd_greedy", "mtad_adaptive"]
         return ["target", "vllm_sd", *mtad_limits]
 
-    runs, cells_out = [], []
+    runs, cells_out, env = [], [], environment()
+    table = ""
     total = sum(len(cell_configs(c)) for c in args.cells) * len(args.batches) * (
         1 + args.repeats)
     bar = tqdm(total=total, desc="runs", unit="run")
@@ -189,20 +191,27 @@ def main(argv=None) -> None:
                                   "chosen": " ".join(f"{k}:{v}" for k, v in sorted(
                                       chosen.items(), key=lambda kv: -kv[1])[:4])}
                                  | ({"policy": belief} if config == "mtad_adaptive" else {}))
+            # Written after every cell: a long grid cut short keeps what it measured.
+            table = _report(args, target, draft, cells_out, runs, env)
     bar.close()
     for llm in [*engines.values(), sd_llm]:
         close(llm)
+    print(table)
+    print(f"written to {args.out}", file=sys.stderr)
+
+
+def _report(args, target, draft, cells_out, runs, env) -> str:
+    """policy_grid.json, .md and .png in --out, from the cells measured so far."""
     table = markdown_table(cells_out, [("cell", "cell"), ("batch", "batch"),
                                        ("config", "config"), ("tok_s", "tok/s (median)"),
                                        ("min", "min"), ("max", "max"),
                                        ("acceptance", "acceptance"),
                                        ("chosen", "adaptive chose (steps)")])
-    payload = {"environment": environment(), "args": vars(args), "target": str(target),
+    payload = {"environment": env, "args": vars(args), "target": str(target),
                "draft": str(draft), "cells": cells_out, "runs": runs}
-    out = write_outputs("policy_grid", payload, table, args.out)
+    write_outputs("policy_grid", payload, table, args.out)
     _plot(cells_out, os.path.join(args.out, "policy_grid.png"))
-    print(table)
-    print(f"written to {out}", file=sys.stderr)
+    return table
 
 
 def per_request_acceptance(outs) -> tuple[int, int]:
