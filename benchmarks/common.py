@@ -69,8 +69,31 @@ def write_outputs(name: str, payload: dict, table: str, out_dir: Path | None = N
 
 
 def generate_in_batches(llm, prompts: list, params: list, batch: int) -> list:
-    """``llm.generate`` over ``prompts`` with at most ``batch`` requests at once, in order."""
+    """``llm.generate`` over ``prompts`` with at most ``batch`` requests at once, in order:
+    closed batches (the next starts when the whole batch has finished)."""
     outs = []
     for i in range(0, len(prompts), batch):
         outs += llm.generate(prompts[i:i + batch], params[i:i + batch], use_tqdm=False)
     return outs
+
+
+def generate_queued(llm, prompts: list, params: list, concurrency: int) -> list:
+    """``llm.generate`` over all ``prompts`` at once, with vLLM's scheduler admitting at most
+    ``concurrency`` of them into the running batch (its ``max_num_active_seqs``): a queued
+    request starts as soon as a running one finishes, as on a server held at that many
+    requests in flight. Needs the engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
+    scheduler = getattr(core, "scheduler", None)
+    if scheduler is None or not hasattr(scheduler, "max_num_active_reqs"):
+        raise RuntimeError("generate_queued needs an in-process vLLM engine "
+                           "(VLLM_ENABLE_V1_MULTIPROCESSING=0) whose scheduler has "
+                           "max_num_active_reqs (vLLM >= 0.32)")
+    if concurrency > scheduler.max_num_running_reqs:
+        raise ValueError(f"concurrency {concurrency} > the engine's max_num_seqs "
+                         f"{scheduler.max_num_running_reqs}")
+    before = scheduler.max_num_active_reqs
+    scheduler.max_num_active_reqs = concurrency
+    try:
+        return llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        scheduler.max_num_active_reqs = before

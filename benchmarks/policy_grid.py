@@ -42,7 +42,8 @@ import statistics
 import sys
 import time
 
-from benchmarks.common import environment, generate_in_batches, markdown_table, write_outputs
+from benchmarks.common import (environment, generate_in_batches, generate_queued, markdown_table,
+                               write_outputs)
 from devtools.engine import build_llm, close, draft_model_spec, mtad_spec
 from devtools.models import add_model_args, resolve_pair
 
@@ -69,6 +70,13 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--min-prompts", type=int, default=4,
                     help="prompts per run at least (batches of --batches run one after another)")
+    ap.add_argument("--arrivals", choices=("closed", "queued"), default="closed",
+                    help="closed: batches of --batches requests, each started when the last "
+                         "has finished (LLM.generate on a batch); queued: --queue-depth x batch "
+                         "requests submitted at once, at most batch of them running (a server "
+                         "held at that many requests in flight)")
+    ap.add_argument("--queue-depth", type=int, default=3,
+                    help="with --arrivals queued: requests per run, as a multiple of the batch")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--long-gamma", type=int, default=8,
                     help="γ bound of the mtad_adaptive_g<N> configuration (0: left out)")
@@ -84,7 +92,11 @@ def main(argv=None) -> None:
 
     target, draft, tiny = resolve_pair(args)
     max_batch = max(args.batches)
-    per_run = max(max_batch, args.min_prompts)
+    depth = args.queue_depth if args.arrivals == "queued" else 1
+    per_run = max(max_batch * depth, args.min_prompts)
+    if 2 * per_run > 164:
+        ap.error(f"{2 * per_run} HumanEval prompts needed (timed and warm-up), 164 exist: "
+                 f"lower --batches or --queue-depth")
     prompts = humaneval_prompts(2 * per_run)
     common = dict(dtype="float32" if tiny else "bfloat16", max_model_len=2048,
                   max_num_seqs=max_batch, max_num_batched_tokens=4096, block_size=32,
@@ -148,7 +160,8 @@ def main(argv=None) -> None:
                 chosen0 = (llm.collective_rpc(drafter_stats)[0]["policy_chosen"] if is_mtad
                            else {})
                 t0 = time.perf_counter()
-                outs = generate_in_batches(llm, chunk, params, batch)
+                outs = (generate_queued(llm, chunk, params, batch) if args.arrivals == "queued"
+                        else generate_in_batches(llm, chunk, params, batch))
                 seconds = time.perf_counter() - t0
                 tokens = sum(len(o.outputs[0].token_ids) for o in outs)
                 drafts, accepted = per_request_acceptance(outs)
@@ -162,7 +175,7 @@ def main(argv=None) -> None:
                         "acceptance": 1 + accepted / drafts if drafts else None,
                         "drafts": drafts, "chosen": chosen}
 
-            n = max(batch, args.min_prompts)
+            n = max(batch * depth, args.min_prompts)
             warm = prompts[per_run: per_run + n]
             timed = prompts[:n]
             for config in configs:  # warm-up on other prompts, untimed

@@ -157,3 +157,41 @@ def test_a_request_asking_for_the_fixed_policy_gets_the_fixed_engines_output(tin
         assert generate_ids(llm, PROMPTS[:1], plain)[0] != want
     finally:
         close(llm)
+
+
+def test_queued_arrivals_hold_the_concurrency_and_lose_no_draft(tiny_pair_dirs):
+    """benchmarks.common.generate_queued (the policy grid's ``--arrivals queued``): vLLM admits
+    at most ``concurrency`` requests into the running batch, a queued request joins as soon as
+    one finishes (its prefill beside the others' drafts), and the admission limit is restored
+    afterwards. With the draft equal to the target, every drafted token is accepted: requests
+    joining a drafting batch leave no stale draft KV behind."""
+    from benchmarks.common import generate_queued
+
+    target_dir, _ = tiny_pair_dirs
+    llm = make_llm(target_dir, mtad_spec(target_dir, gamma=3, width=4,
+                                         speculation_policy="adaptive"),
+                   enforce_eager=True, disable_log_stats=False, max_num_seqs=8)
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    running, schedule = [], scheduler.schedule
+
+    def counting_schedule(*args, **kwargs):
+        out = schedule(*args, **kwargs)
+        running.append(len(scheduler.running))
+        return out
+
+    scheduler.schedule = counting_schedule
+    try:
+        prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+        sampling = [params(30 + 5 * i, 1.0, seed=i) for i in range(len(PROMPTS))]
+        before = spec_counters(llm)
+        outs = generate_queued(llm, prompts, sampling, concurrency=2)
+        after = spec_counters(llm)
+        limit = scheduler.max_num_active_reqs
+    finally:
+        del scheduler.schedule
+        close(llm)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [30 + 5 * i for i in range(6)]
+    assert max(running) == 2 and running.count(2) > len(running) // 2
+    assert limit == 8  # restored
+    drafted = after["draft_tokens"] - before["draft_tokens"]
+    assert drafted > 50 and after["accepted"] - before["accepted"] == drafted
