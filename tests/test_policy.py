@@ -139,10 +139,37 @@ def test_free_beam_rows_choose_full_width_costly_rows_choose_one():
     batch = Batch({"sampled": 16}, first_pass_tokens=64)
     free = choose(batch, costs(beam=(0.01, 0.0)), stats, b, step=1)
     assert free.beam_width == 4 and free.num_tokens == 4
-    # Each beam row costs 1 ms: 16·4 rows per step cost 48 ms more than 16.
+    # Each beam row costs 1 ms: 16·4 rows per step cost 48 ms more than 16. The plan drafts
+    # but pays for no beam row: one beam, or a one-token draft (the first pass gives all W
+    # first tokens; a draft of γ tokens runs γ − 1 beam steps).
     costly = choose(batch, costs(beam=(0.01, 0.001)), stats, b, step=1)
-    assert costly.beam_width == 1 and costly.num_tokens >= 1
+    assert costly.num_tokens >= 1
+    assert (costly.beam_width - 1) * (costly.num_tokens - 1) == 0
     assert costly.goodput < free.goodput  # same statistics, dearer rows
+    # Point estimates (confidence 0) choose one beam here.
+    point = choose(batch, costs(beam=(0.01, 0.001)), stats, b, step=1, confidence=0.0)
+    assert point.beam_width == 1 and point.num_tokens >= 1
+
+
+def test_an_arm_measured_on_a_few_lucky_drafts_does_not_displace_a_measured_one():
+    # Batch 1, beam rows free: W=4 measured on 400 drafts; W=1 on 6 exploration drafts that
+    # happened to do a little better (4, 4, 4, 4, 3, 3 accepted). On point estimates W=1
+    # wins; priced one standard error below, W=4 does (its error is small, W=1's is not).
+    b = Bounds(beam_width=4, max_tokens=4)
+    stats = stats_with({4: 0.85})
+    s = stats["sampled"]
+    s.record_batch(1, [(4, 4, 4), (4, 3, 2)])
+    assert s.expected_accepted(1, 4) > s.expected_accepted(4, 4)
+    assert s.expected_accepted(1, 4, confidence=1.0) < s.expected_accepted(4, 4, confidence=1.0)
+    gap = lambda w: s.expected_accepted(w, 4) - s.expected_accepted(w, 4, confidence=1.0)  # noqa: E731
+    assert 0 < gap(4) < gap(1) / 3  # the penalty shrinks with the drafts seen
+    batch = Batch({"sampled": 1}, first_pass_tokens=5)
+    c = costs(beam=(0.01, 0.0))
+    assert choose(batch, c, stats, b, step=1, confidence=0.0).beam_width == 1
+    assert choose(batch, c, stats, b, step=1).beam_width == 4
+    # A lead measured on as many drafts as W=4's is taken.
+    s.record_batch(1, [(4, 4, 300), (4, 3, 100)])
+    assert choose(batch, c, stats, b, step=1).beam_width == 1
 
 
 def test_all_drafts_rejected_stops_drafting_unless_forbidden():

@@ -223,15 +223,20 @@ class AcceptanceStats:
         w = min(max(width, 1), self.beam_width) - 1
         return (self.passed[w][i] + k * pooled) / (self.drafted[w][i] + k)
 
-    def expected_accepted(self, width: int, num_tokens: int) -> float:
-        """E[accepted tokens] of a draft of ``num_tokens`` by ``width`` beams."""
-        rates = [self.pass_rate(width, i) for i in range(1, min(num_tokens, self.max_tokens) + 1)]
-        # P(accepted >= i) cannot grow with i: a prefix-monotone envelope of the estimates.
-        total, envelope = 0.0, 1.0
-        for r in rates:
+    def expected_accepted(self, width: int, num_tokens: int, confidence: float = 0.0) -> float:
+        """E[accepted tokens] of a draft of ``num_tokens`` by ``width`` beams; with
+        ``confidence`` c > 0, c standard errors below it (a pessimistic estimate: each
+        position's rate counts its own drafts and the prior's weight, and the positions' errors
+        add as if independent), never below 0."""
+        w = min(max(width, 1), self.beam_width) - 1
+        total, envelope, variance = 0.0, 1.0, 0.0
+        for i in range(1, min(num_tokens, self.max_tokens) + 1):
+            r = self.pass_rate(width, i)
+            # P(accepted >= i) cannot grow with i: a prefix-monotone envelope of the estimates.
             envelope = min(envelope, r)
             total += envelope
-        return total
+            variance += r * (1.0 - r) / (self.drafted[w][i - 1] + self.prior_weight)
+        return max(0.0, total - confidence * variance ** 0.5) if confidence else total
 
 
 @dataclass(frozen=True)
@@ -363,34 +368,39 @@ class CostModel:
         return t
 
 
-def expected_tokens(batch: Batch, stats: dict, width: int, num_tokens: int) -> float:
-    """Σ over rows of 1 + E[accepted]; exact rows draft with one beam; a short row's draft
-    counts up to its tokens left − 1."""
+def expected_tokens(batch: Batch, stats: dict, width: int, num_tokens: int,
+                    confidence: float = 0.0) -> float:
+    """Σ over rows of 1 + E[accepted] (``confidence``: AcceptanceStats.expected_accepted's);
+    exact rows draft with one beam; a short row's draft counts up to its tokens left − 1."""
     total = 0.0
     short = {}
     for (cls, left), n in batch.short:
         short[cls] = short.get(cls, 0) + n
-        total += n * _row_tokens(stats, cls, width, min(num_tokens, max(left - 1, 0)))
+        total += n * _row_tokens(stats, cls, width, min(num_tokens, max(left - 1, 0)),
+                                 confidence)
     for cls, n in batch.rows.items():
         n -= short.get(cls, 0)
         if n > 0:
-            total += n * _row_tokens(stats, cls, width, num_tokens)
+            total += n * _row_tokens(stats, cls, width, num_tokens, confidence)
     return total
 
 
-def _row_tokens(stats: dict, cls: str, width: int, num_tokens: int) -> float:
+def _row_tokens(stats: dict, cls: str, width: int, num_tokens: int,
+                confidence: float = 0.0) -> float:
     if num_tokens <= 0:
         return 1.0
-    return 1.0 + stats[cls].expected_accepted(1 if cls == "exact" else width, num_tokens)
+    return 1.0 + stats[cls].expected_accepted(1 if cls == "exact" else width, num_tokens,
+                                              confidence)
 
 
 def goodput(batch: Batch, costs: CostModel, stats: dict, width: int, num_tokens: int,
-            amortise: bool = True) -> float:
+            amortise: bool = True, confidence: float = 0.0) -> float:
     """Expected tokens per second of the step (W, γ) = (width, num_tokens). What the draft owes
     (CostModel.owed_time) buys drafting for the rest of those requests: it is charged over the
     steps they have left at this arm's rate (``amortise``), or in full (what an exploration
-    step pays)."""
-    tokens = expected_tokens(batch, stats, width, num_tokens)
+    step pays). ``confidence``: price the tokens that many standard errors below their
+    estimate (see :func:`choose`)."""
+    tokens = expected_tokens(batch, stats, width, num_tokens, confidence)
     share = 1.0
     if amortise:
         share = 1.0 / max(1.0, batch.remaining_tokens / max(tokens / max(batch.size, 1), 1.0))
@@ -406,8 +416,13 @@ def arms(bounds: Bounds, batch: Batch) -> list[tuple[int, int]]:
 
 
 def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: int,
-           explore_period: int = 16, min_samples: int = 8) -> Plan:
-    """The (W, γ) that maximises expected goodput for ``batch``.
+           explore_period: int = 16, min_samples: int = 8, confidence: float = 1.0) -> Plan:
+    """The (W, γ) that maximises expected goodput for ``batch``, each arm's expected tokens
+    taken ``confidence`` standard errors below their estimate: an arm measured on a few drafts
+    is not chosen over a well-measured one for a lucky streak. (Measured on the real pair at
+    T=1, batch 1, where beam rows cost nothing: with the point estimates, W=1 was chosen in 36
+    of 96 steps after a few lucky exploration drafts, accepting 4.06 tokens a pass where W=4
+    accepted 4.39.)
 
     Before ``costs`` has ``min_samples`` of each component: the configured (beam_width,
     max_tokens), so the first steps measure the fixed setting. Afterwards, at every
@@ -421,7 +436,7 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
         return Plan(full_width, bounds.max_tokens)
     best, best_goodput = None, -1.0
     for w, g in arms(bounds, batch):
-        value = goodput(batch, costs, stats, w, g)
+        value = goodput(batch, costs, stats, w, g, confidence=confidence)
         if value > best_goodput + 1e-12:
             best, best_goodput = (w, g), value
     w, g = best
