@@ -354,8 +354,63 @@ def test_draft_kv_tracker_gaps_after_skipped_steps():
     # A new request with a prefix-cache hit, and "b" resumed after preemption at 3 < 9.
     assert step(["a", "b", "c"], [25, 3, 32], drafting=True) == {
         "a": (24, 25), "b": (0, 3), "c": (0, 32)}
+    # Where the draft reads each from: "a" was first seen at 10 before any skipped step (its
+    # cached draft KV valid), "c" at 32 after one (read again from 0).
+    assert kv.first_start == {"a": 10, "b": 0, "c": 0}
     kv.forget(["b", "c"])  # finished
-    assert set(kv.last_start) == {"a"} and kv.valid == {}
+    assert set(kv.last_start) == {"a"} and kv.valid == {} and set(kv.first_start) == {"a"}
+
+
+def test_the_policy_sees_each_rows_prompt_budget_and_catch_up(monkeypatch):
+    """What the controller hands the policy from the runner's requests: the prompt tokens the
+    draft reads per output token (a prefix-cache hit's cached part left out), and which part
+    of a catch-up is prompt (a request that arrived during steps without drafting)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vllm_mtad.config import MTADConfig
+    from vllm_mtad.core import policy
+    from vllm_mtad.speculation import SpeculationController
+
+    seen = []
+    monkeypatch.setattr(policy, "choose", lambda batch, *a, **k: seen.append(batch)
+                        or policy.Plan(1, 0))
+    spec = SpeculationController(
+        MTADConfig(num_speculative_tokens=4, speculation_policy="adaptive"), torch.device("cpu"))
+
+    def request(prompt, max_tokens, generated):
+        return SimpleNamespace(num_prompt_tokens=prompt, output_token_ids=[0] * generated,
+                               sampling_params=SimpleNamespace(max_tokens=max_tokens))
+
+    requests = {"a": request(100, 50, 10), "b": request(40, 20, 0)}
+    # "a": its prompt read with drafting (the tracker sees every step, drafting or not), then
+    # two steps without drafting; "b" not there yet.
+    spec.requests.kv.step(["a"], [0], drafting=True)
+    spec.plan(["sampled"], scheduled_tokens=1, req_ids=["a"], starts=[109], requests=requests)
+    spec.requests.kv.step(["a"], [109], drafting=False)
+    spec.plan(["sampled"], scheduled_tokens=1, req_ids=["a"], starts=[110], requests=requests)
+    spec.requests.kv.step(["a"], [110], drafting=False)
+    # "b" arrives with 8 of its 40 prompt tokens from the prefix cache; since steps skipped
+    # drafting, the draft reads it from 0: 8 tokens caught up, 32 in the prefill chunk, all
+    # of them priced as prompt (its rate), none as a debt.
+    spec.plan(["sampled"] * 2, scheduled_tokens=1 + 32, req_ids=["a", "b"], starts=[111, 8],
+              requests=requests)
+    batch = seen[-1]
+    assert batch.prompt_per_token == pytest.approx((100 / 50 + 40 / 20) / 2)
+    assert batch.catch_up_tokens == (111 - 109) + 8 and batch.catch_up_prompt_tokens == 8
+    assert batch.remaining_tokens == (40 + 20) / 2
+    spec.requests.kv.step(["a", "b"], [111, 8], drafting=False)
+    # Another step without drafting: "b" now owes its whole prompt and its first token.
+    spec.plan(["sampled"] * 2, scheduled_tokens=2, req_ids=["a", "b"], starts=[112, 41],
+              requests=requests)
+    assert seen[-1].catch_up_tokens == (112 - 109) + 41
+    assert seen[-1].catch_up_prompt_tokens == 40
+    # Without a step that skipped drafting, a prefix-cache hit's cached prompt is not read.
+    fresh = SpeculationController(
+        MTADConfig(num_speculative_tokens=4, speculation_policy="adaptive"), torch.device("cpu"))
+    fresh.plan(["sampled"], scheduled_tokens=32, req_ids=["b"], starts=[8], requests=requests)
+    assert seen[-1].prompt_per_token == pytest.approx(32 / 20)
 
 
 def test_speculation_controller_splits_a_steps_input_into_decode_and_prefill_tokens():

@@ -290,38 +290,84 @@ def test_config_keys_validate():
         MTADConfig(num_speculative_tokens=4, min_speculative_tokens=5)
 
 
-def test_a_prefill_step_prices_the_drafts_first_pass_over_the_whole_prompt():
-    # The draft's first pass reads the target's whole input: at a step that prefills 16
-    # prompts of 150 tokens it reads 2400 tokens (measured on the real pair at batch 16: about
-    # 2.2 s of draft forward at 0.9 ms a token), not ~5 a row as in a decode step.
+def test_the_drafts_reading_of_prompts_is_priced_per_output_token():
+    # A drafting engine reads every prompt into the draft (measured on the real pair at batch
+    # 16: about 2.2 s of draft forward for 16 prompts of 150 tokens, 0.9 ms a token). Each
+    # output token of a drafting step carries its share: prompt tokens / max_tokens of its
+    # request, at the draft's price of a prefill token.
     b = Bounds(beam_width=4, max_tokens=4)
     stats = stats_with({1: 0.8, 4: 0.8}, cls="exact")
     real = costs(verify=(0.068, 0.0034), first=(0.03, 0.0009), beam=(0.025, 0.0016),
                  rest=(0.001, 0.0))
-    # 48 output tokens to go, as in benchmarks/policy_grid.py.
+    rows = dict(prompt_tokens=[150] * 16, max_tokens=[48] * 16)  # as benchmarks/policy_grid.py
     decode = Batch.from_step(["exact"] * 16, scheduled_tokens=80, verified_drafts=64,
-                             remaining_tokens=48)
+                             tokens_left=[40] * 16, **rows)
     prefill = Batch.from_step(["exact"] * 16, scheduled_tokens=2400, verified_drafts=0,
-                              remaining_tokens=48)
+                              tokens_left=[48] * 16, **rows)
     assert prefill.other_tokens == 2384 and prefill.first_pass_tokens == 2400
-    # The target's prefill is verified alike by every arm: not part of the comparison.
+    assert decode.prompt_per_token == pytest.approx(150 / 48)
+    # The target's prefill is verified alike by every arm: not part of the comparison; nor is
+    # the prompt a debt of the step it arrives in: the same rate prices it in every step.
     assert real.step_time(prefill, 1, 0) == pytest.approx(real.step_time(decode, 1, 0))
-    # Drafting owes the draft's first pass over the prompts, in full or spread.
-    t_decode = real.step_time(decode, 1, 4) - real.step_time(decode, 1, 0)
-    t_prefill = real.step_time(prefill, 1, 4) - real.step_time(prefill, 1, 0)
-    # (the prefill step's first pass reads its 16 decode rows; the decode step's, 80 tokens)
-    assert t_prefill - t_decode == pytest.approx(0.0009 * 2384 - 0.0009 * (80 - 16), rel=1e-2)
-    assert real.step_time(prefill, 1, 4, owed_share=0.1) < real.step_time(prefill, 1, 4)
+    assert real.owed_time(prefill) == 0.0
+    tokens = expected_tokens(decode, stats, 1, 4)
+    assert real.prompt_time(decode, tokens) == pytest.approx(0.0009 * 150 / 48 * tokens,
+                                                             rel=1e-2)
+    assert policy.goodput(decode, real, stats, 1, 4) == pytest.approx(
+        tokens / (real.step_time(decode, 1, 4, 1 / 9) + real.prompt_time(decode, tokens)),
+        rel=1e-6)
     assert choose(prefill, real, stats, b, step=1).num_tokens == 0
     assert choose(decode, real, stats, b, step=1).num_tokens == 0  # not worth it here at all
     # Batch 1, a 150-token prompt and 200 tokens to go: drafting from the prefill step on pays.
     single = Batch.from_step(["exact"], scheduled_tokens=150, verified_drafts=0,
-                             remaining_tokens=200)
+                             tokens_left=[200], prompt_tokens=[150], max_tokens=[200])
     assert choose(single, real, stats, b, step=1).num_tokens == 4
-    # With one token to go, reading the prompt into the draft buys nothing.
-    last = Batch.from_step(["exact"], scheduled_tokens=150, verified_drafts=0,
-                           remaining_tokens=1)
+    # A 6000-token prompt for 50 tokens: reading it into the draft (5.4 s) costs more than
+    # drafting 50 tokens saves.
+    long_prompt = Batch.from_step(["exact"], scheduled_tokens=6000, verified_drafts=0,
+                                  tokens_left=[50], prompt_tokens=[6000], max_tokens=[50])
+    assert choose(long_prompt, real, stats, b, step=1).num_tokens == 0
+    # With one token to go, drafting buys nothing.
+    last = Batch.from_step(["exact"], scheduled_tokens=150, verified_drafts=0, tokens_left=[1],
+                           horizon=4, prompt_tokens=[150], max_tokens=[200])
     assert choose(last, real, stats, b, step=1).num_tokens == 0
+
+
+def test_prompts_arriving_one_by_one_are_priced_as_a_rate_not_per_arrival():
+    # Batch 4 held full (a server, or LLM.generate with more prompts than max_num_seqs): a
+    # request of 48 tokens arrives every few steps with a 104-token prompt. The lines and the
+    # acceptance are the policy's own at the end of a real-pair run (T=0 "joint", W=1, γ=4:
+    # 3.4 accepted; 2 ms a prompt token in the draft). Drafting's decode step gains ~17 %
+    # over not drafting; the prompts' reading costs more than that.
+    b = Bounds(beam_width=4, max_tokens=4)
+    stats = stats_with({1: 0.95, 4: 0.95}, cls="joint")
+    real = costs(verify=(0.0927, 0.00817, 0.00652), first=(0.0392, 0.00202, 0.00199),
+                 beam=(0.0436, 0.00249), rest=(0.0008, 0.00011))
+    step_rows = dict(tokens_left=[40, 30, 20, 10], horizon=4)
+    none = Batch.from_step(["joint"] * 4, 20, 16, **step_rows)
+    assert choose(none, real, stats, b, step=1).num_tokens == 4
+    served = Batch.from_step(["joint"] * 4, 20, 16, prompt_tokens=[104] * 4,
+                             max_tokens=[48] * 4, **step_rows)
+    g0 = policy.goodput(served, real, stats, 1, 0)
+    g4 = policy.goodput(served, real, stats, 1, 4)
+    # Without the prompts drafting wins by ~1/4 ...
+    assert policy.goodput(none, real, stats, 1, 4) > 1.2 * g0
+    # ... with them, by what the prompts' reading leaves: priced per output token, 2.17
+    # prompt tokens each (104 / 48), 0.077 s of a 0.45 s step.
+    assert g4 < 1.1 * g0
+    assert real.prompt_time(served, expected_tokens(served, stats, 1, 4)) == pytest.approx(
+        0.00199 * 104 / 48 * expected_tokens(served, stats, 1, 4), rel=0.02)
+    # Long outputs (512 tokens) spread the same prompts thin: drafting pays again.
+    long_out = Batch.from_step(["joint"] * 4, 20, 16, prompt_tokens=[104] * 4,
+                               max_tokens=[512] * 4, **step_rows)
+    assert policy.goodput(long_out, real, stats, 1, 4) > 1.2 * g0
+    # A prompt caught up after steps without drafting is priced by the same rate, not again
+    # as a debt; skipped decode tokens are a debt.
+    caught = Batch.from_step(["joint"] * 4, 20, 16, catch_up_tokens=104 + 8,
+                             catch_up_prompt_tokens=104, prompt_tokens=[104] * 4,
+                             max_tokens=[48] * 4, **step_rows)
+    intercept, _, per_token = real.first_pass.coefficients()
+    assert real.owed_time(caught) == pytest.approx(intercept + 8 * per_token)
 
 
 def test_catch_up_is_charged_over_the_steps_it_buys():

@@ -124,6 +124,9 @@ class DraftKVTracker:
     def __init__(self):
         self.valid: dict[str, int] = {}  # stale requests: draft KV valid for positions < value
         self.last_start: dict[str, int] = {}
+        # Where the draft began reading each request (> 0: a prefix-cache hit whose draft KV
+        # is cached too).
+        self.first_start: dict[str, int] = {}
         self.skipped_any = False
 
     def _valid(self, req_id: str, start: int) -> int | None:
@@ -140,6 +143,7 @@ class DraftKVTracker:
             start = int(start)
             valid = self._valid(req_id, start)
             self.last_start[req_id] = start
+            self.first_start.setdefault(req_id, start if valid is None else valid)
             if drafting:
                 self.valid.pop(req_id, None)
                 if valid is not None and valid < start:
@@ -149,6 +153,14 @@ class DraftKVTracker:
         if not drafting:
             self.skipped_any = True
         return gaps
+
+    def read_from(self, req_id: str, start: int) -> int:
+        """Where the draft reads the request from: its first step's start, or 0 where that
+        step found no valid draft KV below it (see _valid)."""
+        if req_id in self.first_start:
+            return self.first_start[req_id]
+        valid = self._valid(req_id, start)
+        return start if valid is None else valid
 
     def owed(self, req_ids, starts) -> dict[str, int]:
         """{req_id: tokens} the draft would catch up on if this step drafted (what
@@ -164,6 +176,7 @@ class DraftKVTracker:
         for req_id in req_ids:
             self.valid.pop(req_id, None)
             self.last_start.pop(req_id, None)
+            self.first_start.pop(req_id, None)
 
 
 class MTADRequestState:

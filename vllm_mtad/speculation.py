@@ -210,10 +210,21 @@ class SpeculationController:
                 self._read_acceptance()
             kv = self.requests.kv
             owed = kv.owed(req_ids, starts) if kv.skipped_any else {}
-            left = [_tokens_left(requests[r]) for r in req_ids] if requests is not None else []
+            left, prompts, budgets, owed_prompt = [], [], [], 0
+            if requests is not None:
+                for r, start in zip(req_ids, starts):
+                    req, start = requests[r], int(start)
+                    left.append(_tokens_left(req))
+                    budgets.append(getattr(req.sampling_params, "max_tokens", None) or 1)
+                    # The prompt tokens the draft reads (a prefix-cache hit's are cached).
+                    prompts.append(max(0, req.num_prompt_tokens - kv.read_from(r, start)))
+                    if r in owed:  # the part of a catch-up that is prompt
+                        owed_prompt += max(0, min(req.num_prompt_tokens, start)
+                                           - (start - owed[r]))
             batch = policy.Batch.from_step(
                 classes, scheduled_tokens, self._verified_drafts, sum(owed.values()),
-                tokens_left=left, horizon=self.bounds.max_tokens)
+                tokens_left=left, horizon=self.bounds.max_tokens, prompt_tokens=prompts,
+                max_tokens=budgets, catch_up_prompt_tokens=owed_prompt)
             plan = policy.choose(batch, self.costs, self.stats, self.bounds, self.steps)
         else:
             plan = policy.Plan(1 if only_exact else self.cfg.beam_width,

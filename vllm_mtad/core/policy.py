@@ -5,12 +5,25 @@ the expected time the step takes. For a batch of B requests drafting γ tokens w
 
     tokens(W, γ) = Σ_rows 1 + E[accepted | row's class, row's W, min(γ, row's tokens left − 1)]
     time(W, γ)   = verify(n_verify) + [γ > 0]·(first_pass(n_first) + (γ − 1)·beam_step(B·W)
-                   + owed / steps left)
+                   + prompts · tokens(W, γ) + owed / steps left)
     n_verify     = B·(1 + γ)  (prefill chunks are verified alike by every arm: left out)
     n_first      = the step's decode tokens
-    owed         = the draft's reading of what it has not read (the step's prefill chunks,
-                   tokens skipped in steps without drafting), spread over the steps the
-                   requests have left, which that reading buys drafting for
+    prompts      = the draft's reading of the prompts, per output token: a drafting engine
+                   reads every prompt into the draft, and each output token drafted carries
+                   its share (the rows' mean of prompt tokens / max_tokens, at the first
+                   pass's price of a prefill token)
+    owed         = the draft's reading of the decode tokens it skipped in steps without
+                   drafting (a catch-up pass), spread over the steps the requests have left,
+                   which that reading buys drafting for
+
+Why the prompts are a rate, not a debt paid when a prompt arrives: in a batch of B requests
+each of S steps, a new request arrives every S/B steps, and drafting for the batch needs
+every one of them read. Charged at each arrival against the whole batch's gain over the
+arrival's own S steps, every step's gain was counted once for each of the B arrivals it
+overlaps, and reading prompts was underpriced B-fold. (Measured on the real pair at T=0
+"joint", batch 4, 12 requests of 48 tokens: a W=1, γ=4 decode step was priced and measured
+at the target's tokens per second, so the draft's reading of the prompts, 2.7 s of the run,
+was the whole difference: the target alone 24.1 and 26.0 tok/s, drafting 21.0 and 20.6.)
 
 ``verify``, ``first_pass`` and ``beam_step`` are linear cost models (:class:`LinearCost`,
 seconds as a function of tokens or rows; the target's and the first pass's with separate
@@ -268,10 +281,15 @@ class Batch:
     reads the target's whole input of the step: a prefill chunk in full); None (synthetic
     batches) stands for a decode step verifying the arm's own γ: B·(1 + γ).
     ``catch_up_tokens``: tokens the draft skipped in earlier steps without drafting, which it
-    must read before it drafts (DraftKVTracker). Those and the
-    prefill chunks buy drafting for the rest of the requests, so a drafting arm is charged
-    their cost spread over the steps the requests have left (``remaining_tokens``: their mean
-    output tokens still to generate).
+    must read before it drafts (DraftKVTracker), in a pass of its own; of them,
+    ``catch_up_prompt_tokens`` are prompt tokens (a request that arrived while no step
+    drafted). The decode tokens among them buy drafting for the rest of the requests, so a
+    drafting arm is charged their cost spread over the steps the requests have left
+    (``remaining_tokens``: their mean output tokens still to generate).
+    ``prompt_per_token``: the rows' mean of (prompt tokens the draft reads) / (output tokens
+    the request may generate): a drafting arm pays that many prefill tokens of the draft per
+    output token (see the module docstring). The prompt tokens in a prefill chunk or a
+    catch-up are priced by it, not as a debt.
     ``short``: rows about to finish, ((class, tokens left), count) pairs: a row with L tokens
     left gains at most L − 1 from a draft (its max_tokens cuts the rest), so its expected
     tokens count drafts of at most L − 1."""
@@ -282,6 +300,8 @@ class Batch:
     catch_up_tokens: float = 0.0
     remaining_tokens: float = 1.0
     short: tuple = ()
+    catch_up_prompt_tokens: float = 0.0
+    prompt_per_token: float = 0.0
 
     @property
     def size(self) -> int:
@@ -290,7 +310,9 @@ class Batch:
     @classmethod
     def from_step(cls, classes: list[str], scheduled_tokens: int, verified_drafts: int,
                   catch_up_tokens: float = 0.0, remaining_tokens: float = 1.0,
-                  tokens_left: list | None = None, horizon: int = 0) -> "Batch":
+                  tokens_left: list | None = None, horizon: int = 0,
+                  prompt_tokens: list | None = None, max_tokens: list | None = None,
+                  catch_up_prompt_tokens: float = 0.0) -> "Batch":
         """The batch of a step whose target input held ``scheduled_tokens`` tokens, of which
         ``verified_drafts`` were the previous round's drafts: the rest beyond one token per
         row are prefill chunks, which the next step's arms all verify alike. (The drafts being
@@ -298,7 +320,9 @@ class Batch:
         first pass, if this step drafts, reads all ``scheduled_tokens``. ``tokens_left``
         (per row, as ``classes``): output tokens each request may still generate; their mean
         replaces ``remaining_tokens``, and rows with at most ``horizon`` (the longest draft)
-        left are ``short``."""
+        left are ``short``. ``prompt_tokens`` and ``max_tokens`` (per row): the prompt tokens
+        the draft reads of each request and the output tokens it may generate in all, whose
+        ratio gives ``prompt_per_token``."""
         rows = {}
         for c in classes:
             rows[c] = rows.get(c, 0) + 1
@@ -309,9 +333,15 @@ class Batch:
                 if left <= horizon:
                     short[(c, int(left))] = short.get((c, int(left)), 0) + 1
         other = prefill_tokens(len(classes), scheduled_tokens, verified_drafts)
+        per_token = 0.0
+        if prompt_tokens and max_tokens:
+            per_token = sum(p / max(m, 1) for p, m in zip(prompt_tokens, max_tokens)) / len(
+                prompt_tokens)
         return cls(rows, other_tokens=other, first_pass_tokens=scheduled_tokens,
                    catch_up_tokens=catch_up_tokens, remaining_tokens=remaining_tokens,
-                   short=tuple(sorted(short.items())))
+                   short=tuple(sorted(short.items())),
+                   catch_up_prompt_tokens=min(catch_up_prompt_tokens, catch_up_tokens),
+                   prompt_per_token=per_token)
 
 
 def prefill_tokens(rows: int, scheduled_tokens: int, verified_drafts: int) -> int:
@@ -344,12 +374,17 @@ class CostModel:
         return min(p.samples for p in parts) >= min_samples
 
     def owed_time(self, batch: Batch) -> float:
-        """Seconds the draft needs for tokens it has not read and must before it drafts: the
-        catch-up of steps without drafting, and this step's prefill chunks (a drafting step
-        reads them in its first pass; a step that does not draft leaves them owed)."""
+        """Seconds the draft owes before it drafts, beyond the prompts' rate
+        (:meth:`prompt_time`): the catch-up pass (a forward of its own) over the decode tokens
+        of steps without drafting."""
         intercept, _, per_token = self.first_pass.coefficients()
-        catch_up_pass = intercept if batch.catch_up_tokens > 0 else 0.0  # a forward of its own
-        return catch_up_pass + per_token * (batch.catch_up_tokens + batch.other_tokens)
+        catch_up_pass = intercept if batch.catch_up_tokens > 0 else 0.0
+        return catch_up_pass + per_token * (batch.catch_up_tokens - batch.catch_up_prompt_tokens)
+
+    def prompt_time(self, batch: Batch, tokens: float) -> float:
+        """Seconds of the draft's reading of prompts that ``tokens`` output tokens of a
+        drafting step carry (Batch.prompt_per_token prefill tokens each)."""
+        return self.first_pass.coefficients()[2] * batch.prompt_per_token * tokens
 
     def step_time(self, batch: Batch, width: int, num_tokens: int,
                   owed_share: float = 1.0) -> float:
@@ -404,7 +439,10 @@ def goodput(batch: Batch, costs: CostModel, stats: dict, width: int, num_tokens:
     share = 1.0
     if amortise:
         share = 1.0 / max(1.0, batch.remaining_tokens / max(tokens / max(batch.size, 1), 1.0))
-    return tokens / max(costs.step_time(batch, width, num_tokens, share), 1e-9)
+    seconds = costs.step_time(batch, width, num_tokens, share)
+    if num_tokens > 0:
+        seconds += costs.prompt_time(batch, tokens)
+    return tokens / max(seconds, 1e-9)
 
 
 def arms(bounds: Bounds, batch: Batch) -> list[tuple[int, int]]:

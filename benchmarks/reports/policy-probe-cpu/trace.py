@@ -1,8 +1,13 @@
 """Diagnostic probe (not a benchmark; kept with its outputs): per-step wall time and the
 adaptive policy's pricing on the real pair at T=1 (top-k 10, top-p 0.9).
 
-    python benchmarks/reports/policy-probe-cpu/trace.py BATCH TOKENS CONFIGS [PROMPTS]
+    python benchmarks/reports/policy-probe-cpu/trace.py BATCH TOKENS CONFIGS [PROMPTS [MODE]]
     e.g. ... trace.py 16 48 target,g0,w1g1,w1,adaptive
+         ... trace.py 4 48 target,g0,w1,adaptive 12 joint   (T=0, greedy "joint")
+
+PROMPTS (default BATCH) go to one LLM.generate with max_num_seqs = BATCH: more prompts than
+BATCH queue, and a finished request's slot is refilled at once (a server held at BATCH in
+flight). MODE: "joint" or "exact" runs T=0 with that greedy acceptance (default: T=1).
 
 CONFIGS: target (alone), adaptive, fixed (forced W=4, γ=4), w1 (W=1, γ=4), g0 (γ=0), w1g1,
 w1g2. Wraps vLLM's EngineCore.step (wall time per step) and vllm_mtad.core.policy.choose and
@@ -71,12 +76,15 @@ def name_models(worker):
     c = worker.model_runner.drafter.speculation.costs
     return {id(c.verify): "verify", id(c.first_pass): "first_pass", id(c.beam_step): "beam_step", id(c.rest): "rest"}
 NAMES.update(eng["mtad"].collective_rpc(name_models)[0])
-samp = dict(temperature=1.0, top_k=10, top_p=0.9)
+MODE = sys.argv[5] if len(sys.argv) > 5 else None
+samp = dict(temperature=0.0) if MODE else dict(temperature=1.0, top_k=10, top_p=0.9)
 def run(cfg, chunk, tag):
     llm = eng["mtad" if cfg != "target" else "target"]
     if cfg != "target":
         llm.collective_rpc(force_plans({"fixed": [(4, 4)], "w1": [(1, 4)], "g0": [(1, 0)], "w1g1": [(1, 1)], "w1g2": [(1, 2)], "adaptive": None}[cfg]))
-    params = [SamplingParams(max_tokens=TOK, ignore_eos=True, seed=i, **samp) for i in range(len(chunk))]
+    extra = {"greedy_acceptance": MODE} if MODE and cfg != "target" else None
+    params = [SamplingParams(max_tokens=TOK, ignore_eos=True, seed=i, extra_args=extra, **samp)
+              for i in range(len(chunk))]
     cur["tag"] = tag
     t0 = time.perf_counter()
     outs = llm.generate(chunk, params, use_tqdm=False)
@@ -95,4 +103,6 @@ for r in range(2):
         res[c].append(run(c, prompts[:N], f"{c}-{r}"))
 print({c: [round(x, 1) for x in v] for c, v in res.items()})
 print(json.dumps(eng["mtad"].collective_rpc(drafter_stats)[0], default=str)[:3000])
-json.dump({"res": res, "log": LOG}, open(os.path.join(HERE, f"trace_b{B}_t{TOK}_{'-'.join(cfgs)}.json"), "w"))
+suffix = (f"_n{N}" if N != B else "") + (f"_{MODE}" if MODE else "")
+json.dump({"res": res, "log": LOG},
+          open(os.path.join(HERE, f"trace_b{B}_t{TOK}_{'-'.join(cfgs)}{suffix}.json"), "w"))
