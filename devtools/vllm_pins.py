@@ -246,6 +246,10 @@ SOURCE_LINES = [
     ("vllm.v1.metrics.loggers", "load_stat_logger_plugin_factories",
      ("load_plugins_by_group(STAT_LOGGER_PLUGINS_GROUP)",), False,
      "vllm_mtad/stat_logger.py (the vllm.stat_logger_plugins entry point)"),
+    # The policy prices the draft's reading of each prompt from the runner's request state
+    # (prompt length; max_tokens and output_token_ids are dataclass fields).
+    ("vllm.v1.worker.gpu_input_batch", "CachedRequestState.__post_init__",
+     ("self.num_prompt_tokens = ",), False, "vllm_mtad/speculation.py (SpeculationController.plan)"),
     ("vllm.v1.worker.cpu_worker", "CPUWorker.__init__", ("super().__init__(",), False,
      "patches/platform/patch_worker_base.py (workers build through WorkerBase.__init__)"),
     ("vllm.v1.worker.gpu_worker", "Worker.__init__", ("super().__init__(",), False,
