@@ -21,9 +21,10 @@ each of S steps, a new request arrives every S/B steps, and drafting for the bat
 every one of them read. Charged at each arrival against the whole batch's gain over the
 arrival's own S steps, every step's gain was counted once for each of the B arrivals it
 overlaps, and reading prompts was underpriced B-fold. (Measured on the real pair at T=0
-"joint", batch 4, 12 requests of 48 tokens: a W=1, γ=4 decode step was priced and measured
-at the target's tokens per second, so the draft's reading of the prompts, 2.7 s of the run,
-was the whole difference: the target alone 24.1 and 26.0 tok/s, drafting 21.0 and 20.6.)
+"joint", batch 4, 12 requests of 48 tokens, benchmarks/reports/policy-probe-cpu: the decode
+steps with W=1, γ=4 drafts produced what the target's did per second, so the draft's reading
+of the prompts, 2.7 s of the run, was the whole difference: the target alone 24.1 and 26.0
+tok/s, drafting 21.0 and 20.6; the policy had priced those decode steps 17 % ahead.)
 
 ``verify``, ``first_pass`` and ``beam_step`` are linear cost models (:class:`LinearCost`,
 seconds as a function of tokens or rows; the target's and the first pass's with separate
@@ -464,10 +465,7 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
            explore_period: int = 16, min_samples: int = 8, confidence: float = 1.0) -> Plan:
     """The (W, γ) that maximises expected goodput for ``batch``, each arm's expected tokens
     taken ``confidence`` standard errors below their estimate: an arm measured on a few drafts
-    is not chosen over a well-measured one for a lucky streak. (Measured on the real pair at
-    T=1, batch 1, where beam rows cost nothing: with the point estimates, W=1 was chosen in 36
-    of 96 steps after a few lucky exploration drafts, accepting 4.06 tokens a pass where W=4
-    accepted 4.39.)
+    (an exploration arm) is not chosen over a well-measured one for a lucky streak.
 
     Before ``costs`` has ``min_samples`` of each component: the configured (beam_width,
     max_tokens), so the first steps measure the fixed setting. Afterwards, at every
@@ -500,10 +498,8 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
         # An exploration step pays what the draft must read first in full (the catch-up,
         # prompts included, and this step's prefill chunks): not where that costs more than
         # the drafting step itself (after a run without drafting the draft may owe every
-        # prompt of the batch; measuring one drafting step is not worth that. Measured on the
-        # real pair when prompts were left out of this check, T=0 "joint", batch 4: 23
-        # drafting steps among 212, each reading what the others skipped, made the engine
-        # 0.85x the target alone while it drafted in 11 % of its steps).
+        # prompt of the batch; measuring one drafting step is not worth that). The prompts
+        # count here though the choice prices them as a rate: this step reads them in full.
         owed = costs.reading_time(batch)
         candidates = [c for c in candidates  # every candidate drafts (γ >= 1)
                       if owed <= costs.step_time(batch, *c, owed_share=0.0)]
