@@ -411,6 +411,10 @@ def test_the_policy_sees_each_rows_prompt_budget_and_catch_up(monkeypatch):
         MTADConfig(num_speculative_tokens=4, speculation_policy="adaptive"), torch.device("cpu"))
     fresh.plan(["sampled"], scheduled_tokens=32, req_ids=["b"], starts=[8], requests=requests)
     assert seen[-1].prompt_per_token == pytest.approx(32 / 20)
+    # A request without a max_tokens (not one vLLM schedules for generation) prices no prompt.
+    requests["c"] = request(40, None, 0)
+    fresh.plan(["sampled"], scheduled_tokens=40, req_ids=["c"], starts=[0], requests=requests)
+    assert seen[-1].prompt_per_token == 0.0
 
 
 def test_speculation_controller_splits_a_steps_input_into_decode_and_prefill_tokens():

@@ -215,7 +215,9 @@ class SpeculationController:
                 for r, start in zip(req_ids, starts):
                     req, start = requests[r], int(start)
                     left.append(_tokens_left(req))
-                    budgets.append(getattr(req.sampling_params, "max_tokens", None) or 1)
+                    # No budget known (vLLM always sets one for generation): no prompt price.
+                    budgets.append(getattr(req.sampling_params, "max_tokens", None)
+                                   or float("inf"))
                     # The prompt tokens the draft reads (a prefix-cache hit's are cached).
                     prompts.append(max(0, req.num_prompt_tokens - kv.read_from(r, start)))
                     if r in owed:  # the part of a catch-up that is prompt
