@@ -376,18 +376,20 @@ class CostModel:
 
     def owed_time(self, batch: Batch) -> float:
         """Seconds the draft owes before it drafts, beyond the prompts' rate
-        (:meth:`prompt_time`): the catch-up pass (a forward of its own) over the decode tokens
-        of steps without drafting."""
-        intercept, _, per_token = self.first_pass.coefficients()
-        catch_up_pass = intercept if batch.catch_up_tokens > 0 else 0.0
-        return catch_up_pass + per_token * (batch.catch_up_tokens - batch.catch_up_prompt_tokens)
+        (:meth:`prompt_time`): the catch-up pass over the decode tokens of steps without
+        drafting."""
+        return self._read(batch, batch.catch_up_tokens - batch.catch_up_prompt_tokens)
 
     def reading_time(self, batch: Batch) -> float:
         """Seconds a drafting step spends reading before it drafts: the catch-up pass, prompt
         tokens included, and this step's prefill chunks (what an exploration step pays)."""
+        return self._read(batch, batch.catch_up_tokens + batch.other_tokens)
+
+    def _read(self, batch: Batch, tokens: float) -> float:
+        """The draft reading ``tokens`` prefill-priced tokens, plus the catch-up pass's
+        intercept where there is a catch-up (a forward of its own)."""
         intercept, _, per_token = self.first_pass.coefficients()
-        catch_up_pass = intercept if batch.catch_up_tokens > 0 else 0.0
-        return catch_up_pass + per_token * (batch.catch_up_tokens + batch.other_tokens)
+        return (intercept if batch.catch_up_tokens > 0 else 0.0) + per_token * tokens
 
     def prompt_time(self, batch: Batch, tokens: float) -> float:
         """Seconds of the draft's reading of prompts that ``tokens`` output tokens of a
