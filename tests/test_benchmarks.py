@@ -182,12 +182,13 @@ def test_policy_grid_on_tiny_pair(tmp_path):
             assert tokens <= (8 if config == "mtad_adaptive_g8" else 4), (config, key)
     # Each run times at least --min-prompts (4) prompts, ``batch`` at a time.
     assert all(r["tokens"] == 12 * max(r["batch"], 4) for r in data["runs"])
-    # What the adaptive policy believed at the end of each cell: four fitted cost lines.
+    # What the adaptive policy believed at the end of each cell: four fitted cost lines and
+    # the correction of the price of a step without a draft.
     for (cell, batch, config), c in cells.items():
         assert ("policy" in c) == (config == "mtad_adaptive")
         if "policy" in c:
             assert set(c["policy"]["policy_costs"]) == {"verify", "first_pass", "beam_step",
-                                                        "rest"}
+                                                        "rest", "no_draft"}
             assert c["policy"]["policy_steps"] > 0
     # The fixed configuration drafts (4, 4) every step; exact batches draft one beam.
     assert cells[("T=1", 2, "mtad_fixed")]["chosen"].startswith("W4_g4")

@@ -441,3 +441,35 @@ def test_speculation_controller_splits_a_steps_input_into_decode_and_prefill_tok
         spec.plan(["sampled"] * 4, scheduled_tokens=4)
         assert spec.prefill_tokens == 0 and not spec._pending
     assert spec.costs.verify.samples == 4 and spec.costs.rest.samples == 0
+
+
+def test_only_steps_that_verify_no_drafts_and_read_no_prompt_price_not_drafting():
+    """CostModel.no_draft is fed from steps whose target input held one token a row and
+    nothing else, measured against the verify line's price before the sample joins the line;
+    not before the line has 8 samples, nor from a step verifying drafts or a prefill chunk."""
+    import torch
+
+    from vllm_mtad.config import MTADConfig
+    from vllm_mtad.speculation import SpeculationController
+
+    spec = SpeculationController(
+        MTADConfig(num_speculative_tokens=4, speculation_policy="adaptive"), torch.device("cpu"))
+    now = [0.0]
+    spec.clock.mark = lambda: now[0]
+
+    def step(verified, prefill, seconds=None):
+        spec.on_step_start()
+        # The verify line the steps follow: 0.05 s + 10 ms a decode token + 2 ms a prefill one.
+        now[0] += 0.05 + 0.01 * (4 + verified) + 0.002 * prefill if seconds is None else seconds
+        spec.verifying(verified)
+        spec.plan(["sampled"] * 4, scheduled_tokens=4 + verified + prefill)
+
+    step(0, 0)  # before the line has 8 samples: no price to measure against
+    for i in range(10):
+        step(12 if i % 2 else 4, 300 if i % 3 == 0 else 0)
+    step(0, 100)  # a prefill chunk without drafts: not what a step without a draft costs
+    assert spec.costs.no_draft.samples == 0 and spec.costs.no_draft.value == 1.0
+    assert spec.costs.verify.predict((4, 0)) == pytest.approx(0.09, rel=0.02)
+    step(0, 0, seconds=0.06)  # a step without a draft, a third cheaper than the line says
+    assert spec.costs.no_draft.samples == 1
+    assert spec.costs.no_draft.value == pytest.approx(0.06 / 0.09, rel=0.03)

@@ -217,11 +217,14 @@ def test_exploration_cycles_other_arms_on_its_period():
                                                                        best.num_tokens)
         seen.add((plan.beam_width, plan.num_tokens))
     assert (1, 4) in seen and len(seen) >= 2
-    # The shortest draft is explored too (one token, never none: a step without drafting
-    # makes later prefix-cache hits recompute their draft KV), so the verify line is
-    # measured at sizes the long drafts never reach.
-    assert any(g == 1 for _, g in seen) and all(g > 0 for _, g in seen)
+    # The shortest draft is explored too, so the verify line is measured at sizes the long
+    # drafts never reach, and a step without a draft, so its price is measured (no_draft).
+    assert any(g == 1 for _, g in seen) and (1, 0) in seen
     assert not choose(batch, c, stats, b, step=17, explore_period=16).explore
+    # Where the bounds forbid steps without a draft, exploration does not skip either.
+    b1 = Bounds(beam_width=4, max_tokens=4, min_tokens=1)
+    assert all(choose(batch, c, stats, b1, step=s, explore_period=16).num_tokens > 0
+               for s in range(16, 16 * 9, 16))
 
 
 @pytest.mark.parametrize("rows,min_tokens", [({"sampled": 16}, 0), ({"sampled": 16}, 2),
@@ -234,7 +237,8 @@ def test_exploration_reaches_the_shortest_drafting_arm(rows, min_tokens):
     seen = {(p.beam_width, p.num_tokens) for p in
             (choose(Batch(rows), c, stats, b, step=s, explore_period=16)
              for s in range(16, 16 * 9, 16))}
-    assert min(g for _, g in seen) == max(min_tokens, 1)
+    assert min(g for _, g in seen if g > 0) == max(min_tokens, 1)
+    assert (min(g for _, g in seen) == 0) == (min_tokens == 0)
     if "exact" in rows:
         assert {w for w, _ in seen} == {1}
 
@@ -482,3 +486,44 @@ def test_rows_about_to_finish_gain_at_most_their_tokens_left():
     mixed = Batch.from_step(["sampled"] * 4, 4, 0, tokens_left=[1, 1, 1, 40], horizon=4)
     assert any(choose(mixed, costs(), stats, Bounds(4, 4), step=s, explore_period=16).explore
                for s in range(16, 16 * 9, 16))
+
+
+def test_a_measured_step_without_a_draft_corrects_its_extrapolated_price():
+    """The verify line is fitted where drafting steps verify, B·(1 + γ) tokens; a step without
+    a draft verifies B, below all of them. Where verification is cheaper there than the line
+    extrapolates (measured on the real pair: the line said 0.122–0.139 s for 4 rows where such
+    steps took 0.098–0.104 s), drafting looks better than it is until a step without a draft
+    is measured; then the policy stops drafting."""
+    b = Bounds(beam_width=4, max_tokens=4)
+    stats = stats_with({1: 0.7, 4: 0.7})
+    batch = Batch({"sampled": 4})
+    # Verification: 0.08 s + 3 ms a token over the drafting sizes (8..20 tokens for 4 rows)...
+    c = CostModel(verify=fitted(0.08, 0.003, [8, 12, 16, 20], prefill_slope=0.003),
+                  first_pass=fitted(0.03, 0.0005, [8, 12, 16, 20], prefill_slope=0.002),
+                  beam_step=fitted(0.02, 0.0, [4, 16]), rest=fitted(0.001, 0.0, [4, 8]))
+    assert c.step_time(batch, 1, 0) == pytest.approx(0.001 + 0.092, rel=0.02)
+    assert choose(batch, c, stats, b, step=1).num_tokens > 0
+    # ... while a step without a draft takes 0.06 s, not the 0.092 s the line says.
+    for _ in range(3):
+        c.no_draft.add(0.06, c.verify.predict((4, 0)))
+    assert c.no_draft.value == pytest.approx(0.06 / 0.092, rel=0.02)
+    assert c.step_time(batch, 1, 0) == pytest.approx(0.001 + 0.06, rel=0.02)
+    assert choose(batch, c, stats, b, step=1).num_tokens == 0
+    # The drafting arms' prices are the line's, untouched by the correction.
+    assert c.step_time(batch, 1, 4) == pytest.approx(
+        CostModel(verify=c.verify, first_pass=c.first_pass, beam_step=c.beam_step,
+                  rest=c.rest).step_time(batch, 1, 4))
+
+
+def test_the_no_draft_ratio_moves_a_step_at_a_time_and_ignores_stalls():
+    r = policy.Ratio()
+    assert r.value == 1.0 and r.samples == 0
+    r.add(0.08, 0.1)
+    assert r.value == pytest.approx(0.8)  # the first sample is taken whole
+    r.add(5.0, 0.1)  # one stalled step: counted as 2x the price at most
+    assert r.value == pytest.approx(0.7 * 0.8 + 0.3 * 2.0)
+    for _ in range(20):
+        r.add(0.08, 0.1)
+    assert r.value == pytest.approx(0.8, rel=1e-2)
+    r.add(0.1, 0.0)  # no price to measure against: ignored
+    assert r.samples == 22

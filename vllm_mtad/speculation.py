@@ -87,7 +87,8 @@ class SpeculationController:
                                  device=device)
         self._hist_read = [0] * self._hist.numel()
         self.stats_period = 8 if device.type == "cuda" else 1
-        self._pending: list = []  # (cost model, size, start mark, end mark)
+        # (cost model, size, start mark, end mark, parts, a step verifying no drafts)
+        self._pending: list = []
         self._step_start = None
         self._last_end = None
         self._last_batch = 0
@@ -105,7 +106,8 @@ class SpeculationController:
         self._verified_drafts = 0
         now = self.clock.mark()
         if self._last_end is not None:
-            self._pending.append((self.costs.rest, self._last_batch, self._last_end, now, 1))
+            self._pending.append((self.costs.rest, self._last_batch, self._last_end, now, 1,
+                                  False))
             self._last_end = None
         self._step_start = now
 
@@ -113,13 +115,15 @@ class SpeculationController:
         return self.clock.mark() if self.adaptive else None
 
     def time_part(self, model: policy.LinearCost, size, start, end=None,
-                  count: int = 1) -> None:
+                  count: int = 1, no_draft: bool = False) -> None:
         """One sample of ``model`` at ``size`` (a number, or a tuple for a line of several
-        sizes; ``count`` equal parts between the marks: seconds/count)."""
+        sizes; ``count`` equal parts between the marks: seconds/count). ``no_draft``: a
+        verification of decode tokens only, without drafts: also a sample of
+        CostModel.no_draft, measured against the verify line's price before it is added."""
         if start is None:  # not timing (fixed policy)
             return
         end = end if end is not None else self.clock.mark()
-        self._pending.append((model, size, start, end, count))
+        self._pending.append((model, size, start, end, count, no_draft))
 
     def drafting_done(self, batch_size: int) -> None:
         if not self.adaptive:
@@ -130,7 +134,7 @@ class SpeculationController:
     def _resolve(self) -> None:
         keep = []
         for item in self._pending:
-            model, size, start, end, count = item
+            model, size, start, end, count, no_draft = item
             seconds = self.clock.seconds(start, end)
             if seconds is None:
                 keep.append(item)
@@ -139,6 +143,8 @@ class SpeculationController:
             if model is self.costs.rest and model.samples >= 8 and (
                     seconds > 5 * model.predict(size) + 1e-3):  # the engine idled in between
                 continue
+            if no_draft and model.samples >= 8:
+                self.costs.no_draft.add(seconds, model.predict(size))
             model.add(size, model.clip(size, seconds))
         self._pending = keep
 
@@ -195,8 +201,10 @@ class SpeculationController:
         prefill = policy.prefill_tokens(len(classes), scheduled_tokens, self._verified_drafts)
         self.prefill_tokens = prefill  # the proposer's first-pass sample splits on it
         if self._step_start is not None:
+            # A step that verified no drafts and read no prompt: what not drafting costs.
             self.time_part(self.costs.verify, (scheduled_tokens - prefill, prefill),
-                           self._step_start)
+                           self._step_start,
+                           no_draft=self._verified_drafts == 0 and prefill == 0)
             self._step_start = None
         self.steps += 1
         only_exact = all(c == "exact" for c in classes)  # they draft the argmax chain
@@ -249,7 +257,9 @@ class SpeculationController:
                   for name, m in (("verify", self.costs.verify),
                                   ("first_pass", self.costs.first_pass),
                                   ("beam_step", self.costs.beam_step),
-                               ("rest", self.costs.rest))}
+                                  ("rest", self.costs.rest))}
+        # measured / predicted seconds of steps without a draft, and how many were measured
+        coeffs["no_draft"] = [round(self.costs.no_draft.value, 4), self.costs.no_draft.samples]
         drafts, accepted = self.verified()
         return {"policy": self.cfg.speculation_policy, "policy_steps": self.steps,
                 "verified_drafts": drafts, "accepted_tokens": accepted,

@@ -360,15 +360,42 @@ class Plan:
 
 
 @dataclass
+class Ratio:
+    """measured / predicted seconds of one kind of step, as an exponential moving average
+    (``weight`` on each new sample, each clipped to [1/``clip``, ``clip``] so that one stalled
+    step moves it a little); 1 before any sample."""
+
+    weight: float = 0.3
+    clip: float = 2.0
+    value: float = 1.0
+    samples: int = 0
+
+    def add(self, measured: float, predicted: float) -> None:
+        if predicted <= 0.0:
+            return
+        r = min(max(measured / predicted, 1.0 / self.clip), self.clip)
+        self.value = r if self.samples == 0 else (1 - self.weight) * self.value + self.weight * r
+        self.samples += 1
+
+
+@dataclass
 class CostModel:
     """The step components the arms differ in (seconds). The target's verification and the
     draft's first pass are priced by (decode tokens, prefill tokens): what one prefill token
-    costs is what the draft owes a token."""
+    costs is what the draft owes a token.
+
+    ``no_draft``: what steps verifying no drafts (B decode tokens) measured against the
+    verify line's price for them when they were measured. Drafting steps fit the line at
+    B·(1 + γ) tokens; a step without a draft verifies B, below every size a drafting run
+    measures, so its price is an extrapolation, and at batch 4 on the real pair the arms
+    were within a tenth of each other. Exploration steps without a draft (see
+    :func:`choose`) measure it while the policy drafts; the ratio corrects that price."""
 
     verify: LinearCost = field(default_factory=lambda: LinearCost(dims=2))
     first_pass: LinearCost = field(default_factory=lambda: LinearCost(dims=2))
     beam_step: LinearCost = field(default_factory=LinearCost)  # by draft rows (B·W)
     rest: LinearCost = field(default_factory=LinearCost)  # bookkeeping, scheduling: by rows
+    no_draft: Ratio = field(default_factory=Ratio)
 
     def ready(self, min_samples: int, max_tokens: int) -> bool:
         parts = [self.verify, self.first_pass] + ([self.beam_step] if max_tokens > 1 else [])
@@ -401,16 +428,18 @@ class CostModel:
         """Predicted seconds of the work in which the step with (W, γ) = (width, num_tokens)
         differs from the others: the target's verification of the decode tokens (prefill
         chunks, verified alike by every arm, are left out) and, if it drafts, the draft's
-        first pass and beam steps plus ``owed_share`` of :meth:`owed_time`."""
+        first pass and beam steps plus ``owed_share`` of :meth:`owed_time`; without a draft,
+        the verify line's price corrected by ``no_draft``."""
         B = batch.size
-        t = self.rest.predict(B) + self.verify.predict(B * (1 + num_tokens))
-        if num_tokens > 0:
-            first = batch.first_pass_tokens
-            first = B * (1 + num_tokens) if first is None else max(first - batch.other_tokens, B)
-            t += self.first_pass.predict(first)
-            t += (num_tokens - 1) * self.beam_step.predict(B * width)
-            t += owed_share * self.owed_time(batch)
-        return t
+        t = self.rest.predict(B)
+        if num_tokens == 0:
+            return t + self.verify.predict(B) * self.no_draft.value
+        t += self.verify.predict(B * (1 + num_tokens))
+        first = batch.first_pass_tokens
+        first = B * (1 + num_tokens) if first is None else max(first - batch.other_tokens, B)
+        t += self.first_pass.predict(first)
+        t += (num_tokens - 1) * self.beam_step.predict(B * width)
+        return t + owed_share * self.owed_time(batch)
 
 
 def expected_tokens(batch: Batch, stats: dict, width: int, num_tokens: int,
@@ -472,9 +501,10 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
     Before ``costs`` has ``min_samples`` of each component: the configured (beam_width,
     max_tokens), so the first steps measure the fixed setting. Afterwards, at every
     ``explore_period``-th step an exploration arm (cycling through W = 1 and W = beam_width at
-    the full length, half the length, and the shortest draft of at least one token) unless it
-    is the best arm already. The shortest arm keeps the verify line measured at sizes the
-    long drafts never reach."""
+    the full length, half the length, the shortest draft of at least one token and, where the
+    bounds allow it, no draft) unless it is the best arm already. The shortest arm keeps the
+    verify line measured at sizes the long drafts never reach; the step without a draft
+    measures what not drafting costs (CostModel.no_draft) while the policy drafts."""
     only_exact = batch.rows.get("exact", 0) == batch.size
     full_width = 1 if only_exact else bounds.beam_width
     if batch.size == 0 or not costs.ready(min_samples, bounds.max_tokens):
@@ -488,15 +518,14 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
     if explore_period > 0 and step % explore_period == 0:
         half = max(bounds.min_tokens, 1, (bounds.max_tokens + 1) // 2)
         narrow = max(bounds.min_beam_width, 1)
-        # The shortest draft, not "no draft": a step without drafting makes every later
-        # prefix-cache hit recompute its draft KV (DraftKVTracker), so only the policy's own
-        # choice skips drafting. One token still measures verification at 2B tokens.
         shortest = (w, max(bounds.min_tokens, 1))
         candidates = [(narrow, bounds.max_tokens), (full_width, bounds.max_tokens), (w, half),
                       shortest]
         if only_exact:
             candidates = [(1, c[1]) for c in candidates]
         candidates = [c for c in dict.fromkeys(candidates) if c != (w, g)]
+        # No draft: the draft skips one step (its KV catches up on the next drafting step).
+        skip = [(1 if only_exact else narrow, 0)] if bounds.min_tokens == 0 and g > 0 else []
         # An exploration step pays what the draft must read first in full (the catch-up,
         # prompts included, and this step's prefill chunks): not where that costs more than
         # the drafting step itself (after a run without drafting the draft may owe every
@@ -510,7 +539,7 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
         # measured on the real pair, a closing batch-1 step took 0.31 s where not drafting
         # took 0.11 s).
         candidates = [c for c in candidates
-                      if expected_tokens(batch, stats, *c) > batch.size + 1e-9]
+                      if expected_tokens(batch, stats, *c) > batch.size + 1e-9] + skip
         if candidates:
             ew, eg = candidates[(step // explore_period) % len(candidates)]
             return Plan(ew, eg, explore=True,
@@ -533,5 +562,5 @@ def summary(stats: dict) -> dict:
     return out
 
 
-__all__ = ["CLASSES", "LinearCost", "AcceptanceStats", "Bounds", "Batch", "Plan", "CostModel",
+__all__ = ["CLASSES", "LinearCost", "Ratio", "AcceptanceStats", "Bounds", "Batch", "Plan", "CostModel",
            "prefill_tokens", "expected_tokens", "goodput", "arms", "choose", "new_stats", "summary"]
