@@ -250,6 +250,13 @@ SOURCE_LINES = [
     # (prompt length; max_tokens and output_token_ids are dataclass fields).
     ("vllm.v1.worker.gpu_input_batch", "CachedRequestState.__post_init__",
      ("self.num_prompt_tokens = ",), False, "vllm_mtad/speculation.py (SpeculationController.plan)"),
+    # The draft's catch-up reads a request's tokens from the input batch's host rows, and the
+    # draft KV tracker digests them (up to the tokens known) to find prefix-cache hits on
+    # blocks whose draft KV a skipped step left unwritten.
+    ("vllm.v1.worker.gpu_input_batch", "InputBatch.__init__",
+     ("self.token_ids_cpu = self.token_ids_cpu_tensor.numpy()",
+      "self.num_tokens_no_spec = self.num_tokens_no_spec_cpu_tensor.numpy()"), False,
+     "vllm_mtad/proposer.py (_catch_up_pass) and vllm_mtad/request_state.py (DraftKVTracker)"),
     ("vllm.v1.worker.cpu_worker", "CPUWorker.__init__", ("super().__init__(",), False,
      "patches/platform/patch_worker_base.py (workers build through WorkerBase.__init__)"),
     ("vllm.v1.worker.gpu_worker", "Worker.__init__", ("super().__init__(",), False,

@@ -54,7 +54,8 @@ def test_self_draft_accepts_everything_across_skipped_and_narrowed_steps(tiny_pa
             assert all(len(o) == 60 for o in out)
             assert drafted > 100 and accepted == drafted
         # New requests whose prompts hit blocks cached while steps skipped drafting: their
-        # draft KV in those blocks may never have been written; it is recomputed.
+        # draft KV in those blocks may never have been written; it is caught up from the
+        # first such block's hole.
         shared = PROMPTS[5] + list(range(60, 120))
         first, drafted, accepted = drafted_and_accepted(llm, [shared + [3]], params(40, 0.0))
         assert accepted == drafted > 0
@@ -62,7 +63,19 @@ def test_self_draft_accepts_everything_across_skipped_and_narrowed_steps(tiny_pa
             llm, [shared + [4], shared + [5, 6]], params(40, 1.0, seed=1))
         assert accepted == drafted > 0
         stats = llm.collective_rpc(drafter_stats)[0]
+        # A prefix read with drafting at every step leaves no hole: a hit on its three blocks
+        # (after skipped steps elsewhere) has nothing to catch up on, and loses no acceptance.
+        llm.collective_rpc(force_plans([(4, 3)]))
+        clean = [50 + (i * 13) % 300 for i in range(96)]
+        drafted_and_accepted(llm, [clean + [7]], params(20, 0.0))
+        caught_up = llm.collective_rpc(drafter_stats)[0]["policy_catch_up_tokens"]
+        hits_before = sum(m.value for m in llm.get_metrics()
+                          if m.name == "vllm:prefix_cache_hits")
+        _, drafted, accepted = drafted_and_accepted(llm, [clean + [8, 9]], params(20, 0.0))
+        assert accepted == drafted > 0
         hits = sum(m.value for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits")
+        assert hits - hits_before >= 96
+        assert llm.collective_rpc(drafter_stats)[0]["policy_catch_up_tokens"] == caught_up
     finally:
         close(llm)
     assert hits > 0

@@ -468,8 +468,68 @@ def test_only_steps_that_verify_no_drafts_and_read_no_prompt_price_not_drafting(
     for i in range(10):
         step(12 if i % 2 else 4, 300 if i % 3 == 0 else 0)
     step(0, 100)  # a prefill chunk without drafts: not what a step without a draft costs
-    assert spec.costs.no_draft.samples == 0 and spec.costs.no_draft.value == 1.0
+    assert spec.costs.no_draft_ratio(4).samples == 0
     assert spec.costs.verify.predict((4, 0)) == pytest.approx(0.09, rel=0.02)
     step(0, 0, seconds=0.06)  # a step without a draft, a third cheaper than the line says
-    assert spec.costs.no_draft.samples == 1
-    assert spec.costs.no_draft.value == pytest.approx(0.06 / 0.09, rel=0.03)
+    ratio = spec.costs.no_draft_ratio(4)
+    assert ratio.samples == 1 and ratio.value == pytest.approx(0.06 / 0.09, rel=0.03)
+    assert spec.snapshot()["policy_costs"]["no_draft"] == {4: [round(ratio.value, 4), 1]}
+
+
+def test_draft_kv_tracker_catches_a_hit_up_from_the_hole_its_blocks_hold():
+    """With the step's tokens known, a prefix-cache hit after skipped steps is caught up from
+    where the draft KV of the blocks it shares stops (a stale request's hole, registered once
+    the block where it starts is full), and not at all where it shares no such block; past
+    ``max_holes`` the tracker falls back to reading every hit from 0."""
+    import numpy as np
+
+    from vllm_mtad.speculation import DraftKVTracker
+
+    bs = 4
+    a = np.arange(100, 140)  # request "a"'s tokens
+    other = np.arange(500, 540)
+
+    def tokens(*rows):  # the input batch's host rows (padded) and the tokens known per row
+        out = np.zeros((len(rows), 64), dtype=np.int32)
+        for i, r in enumerate(rows):
+            out[i, :len(r)] = r
+        return out, [len(r) for r in rows]
+
+    kv = DraftKVTracker()
+    rows, known = tokens(a[:10], other[:20])
+    kv.set_tokens(["a", "b"], rows, known, bs)
+    assert kv.step(["a", "b"], [9, 16], drafting=True) == {}
+    # Steps without drafting: "a" stale from 10, "b" from 17. "b"'s block [16, 20) is full
+    # (21 tokens known): registered; "a"'s [8, 12) is not yet (11 known).
+    rows, known = tokens(a[:11], other[:21])
+    kv.set_tokens(["a", "b"], rows, known, bs)
+    kv.step(["a", "b"], [10, 17], drafting=False)
+    assert list(kv.holes.values()) == [17]
+    rows, known = tokens(a[:12], other[:22])
+    kv.set_tokens(["a", "b"], rows, known, bs)
+    kv.step(["a", "b"], [11, 18], drafting=False)
+    assert sorted(kv.holes.values()) == [10, 17]  # "a": block [8, 12) full, valid below 10
+    kv.forget(["a"])  # finished stale: its blocks stay cached, its hole registered
+
+    def first_seen(req_id, row, start):
+        rows, known = tokens(row)
+        kv.set_tokens([req_id], rows, known, bs)
+        return kv.owed([req_id], [start])
+
+    # A hit on 12 of "a"'s tokens: its draft KV is valid below 10 only.
+    assert first_seen("c", np.concatenate([a[:12], other[:3]]), 12) == {"c": 2}
+    # A hit on 8 of "a"'s tokens (below the hole) and one on tokens no stale request had.
+    assert first_seen("d", np.concatenate([a[:8], other[:5]]), 8) == {}
+    assert first_seen("e", np.concatenate([other[30:40], a[:5]]), 8) == {}
+    # Without the step's tokens, and past max_holes: every hit read again from 0.
+    blind = DraftKVTracker()
+    blind.step(["x"], [5], drafting=False)
+    assert blind.owed(["y"], [8]) == {"y": 8}
+    small = DraftKVTracker(max_holes=0)
+    rows, known = tokens(a[:12])
+    small.set_tokens(["a"], rows, known, bs)
+    small.step(["a"], [9], drafting=False)
+    assert small.holes_overflow
+    rows, known = tokens(np.concatenate([other[30:40], a[:5]]))
+    small.set_tokens(["e"], rows, known, bs)
+    assert small.owed(["e"], [8]) == {"e": 8}

@@ -210,6 +210,11 @@ def test_exploration_cycles_other_arms_on_its_period():
     batch = Batch({"sampled": 16}, first_pass_tokens=64)
     c = costs(beam=(0.01, 0.0))
     best = choose(batch, c, stats, b, step=1, explore_period=16)
+    # Not drafting has not been measured at 16 rows: exploration measures it first, until
+    # three steps have (see test_a_measured_step_without_a_draft_corrects_...).
+    for _ in range(3):
+        assert choose(batch, c, stats, b, step=16, explore_period=16).num_tokens == 0
+        c.no_draft_ratio(16).add(1.0, 1.0)
     seen = set()
     for step in range(16, 16 * 7, 16):
         plan = choose(batch, c, stats, b, step=step, explore_period=16)
@@ -233,6 +238,8 @@ def test_exploration_reaches_the_shortest_drafting_arm(rows, min_tokens):
     b = Bounds(beam_width=4, max_tokens=4, min_tokens=min_tokens)
     stats = stats_with({1: 0.9, 4: 0.9}, cls=next(iter(rows)))
     c = costs(beam=(0.01, 0.0))
+    for _ in range(3):  # steps without a draft measured at 16 rows
+        c.no_draft_ratio(16).add(1.0, 1.0)
     assert choose(Batch(rows), c, stats, b, step=1).num_tokens == 4  # the best: full drafts
     seen = {(p.beam_width, p.num_tokens) for p in
             (choose(Batch(rows), c, stats, b, step=s, explore_period=16)
@@ -503,10 +510,16 @@ def test_a_measured_step_without_a_draft_corrects_its_extrapolated_price():
                   beam_step=fitted(0.02, 0.0, [4, 16]), rest=fitted(0.001, 0.0, [4, 8]))
     assert c.step_time(batch, 1, 0) == pytest.approx(0.001 + 0.092, rel=0.02)
     assert choose(batch, c, stats, b, step=1).num_tokens > 0
+    # Exploration steps measure the step without a draft first, until three have at this
+    # batch size.
+    plan = choose(batch, c, stats, b, step=16, explore_period=16)
+    assert plan.explore and plan.num_tokens == 0
     # ... while a step without a draft takes 0.06 s, not the 0.092 s the line says.
     for _ in range(3):
-        c.no_draft.add(0.06, c.verify.predict((4, 0)))
-    assert c.no_draft.value == pytest.approx(0.06 / 0.092, rel=0.02)
+        c.no_draft_ratio(4).add(0.06, c.verify.predict((4, 0)))
+    assert c.no_draft_ratio(4).value == pytest.approx(0.06 / 0.092, rel=0.02)
+    # Per batch size: what four rows measured does not price one row.
+    assert c.no_draft_ratio(1).samples == 0 and c.no_draft_ratio(1).value == 1.0
     assert c.step_time(batch, 1, 0) == pytest.approx(0.001 + 0.06, rel=0.02)
     assert choose(batch, c, stats, b, step=1).num_tokens == 0
     # The drafting arms' prices are the line's, untouched by the correction.

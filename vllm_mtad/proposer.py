@@ -107,6 +107,7 @@ class MTADProposer(DraftModelProposer):
         rows = state.rows(req_ids)
         exact_host, seed_list, greedy_host = rows.exact, rows.seeds, rows.greedy
         starts = ib.num_computed_tokens_cpu[:B]
+        state.kv.set_tokens(req_ids, ib.token_ids_cpu, ib.num_tokens_no_spec, self.block_size)
         plan = spec.plan(rows.classes, int(kwargs["target_token_ids"].shape[0]), req_ids,
                          starts, state.requests, fixed=rows.fixed)
         gamma = min(plan.num_tokens, num_speculative_tokens)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from vllm_mtad.config import MTADConfig, request_settings
@@ -116,25 +117,84 @@ class DraftKVTracker:
     step without drafting it becomes *stale* with its draft KV valid below ``start`` (the
     previous first pass wrote the token at ``start``; one token of slack costs nothing). When
     it next drafts, the tokens [valid, start) are fed to the draft first (a catch-up pass).
+
     A request first seen with tokens already computed (a prefix-cache hit, or resumed after
-    preemption) once any step has skipped drafting is taken as stale from 0: its cached blocks
-    may have been filled in a step the draft skipped.
+    preemption) reads blocks another request filled; once any step has skipped drafting, some
+    of those may hold no draft KV. Where the step's tokens are known (:meth:`set_tokens`) the
+    tracker keeps a registry of *holes*: for every stale request whose tokens fill the block
+    where its valid draft KV ends, a digest of its tokens up to that block's end, with where
+    its draft KV stops. A hit whose tokens share such a prefix is caught up from there (the
+    lowest such point); a hit that shares none has valid draft KV. Without the tokens (or
+    past ``max_holes`` registered), a hit after any skipped step is caught up from 0.
     """
 
-    def __init__(self):
+    def __init__(self, max_holes: int = 1 << 16):
         self.valid: dict[str, int] = {}  # stale requests: draft KV valid for positions < value
         self.last_start: dict[str, int] = {}
         # Where the draft began reading each request (> 0: a prefix-cache hit whose draft KV
         # is cached too).
         self.first_start: dict[str, int] = {}
         self.skipped_any = False
+        self.max_holes = max_holes
+        # digest of a token prefix ending at a block boundary -> draft KV valid below this
+        self.holes: dict[bytes, int] = {}
+        self.holes_overflow = False
+        self._registered: dict[str, int] = {}  # stale request -> the valid it registered
+        self._rows: dict | None = None  # this step's req_id -> (token row, tokens known)
+        self.block_size = 0
+
+    def set_tokens(self, req_ids, tokens, known, block_size: int) -> None:
+        """This step's tokens: rows of ``tokens`` (vLLM's InputBatch.token_ids_cpu) and
+        ``known`` (num_tokens_no_spec) in ``req_ids``' order; ``block_size``: the KV cache's
+        (prefix-cache hits are whole blocks)."""
+        self.block_size = int(block_size)
+        self._rows = {r: (tokens[i], int(known[i])) for i, r in enumerate(req_ids)}
 
     def _valid(self, req_id: str, start: int) -> int | None:
         """Where the request's draft KV stops being valid, None if it is current."""
         last = self.last_start.get(req_id)
         if (last is None or start < last) and start > 0 and self.skipped_any:
-            return 0  # unknown history: recompute the draft KV
+            hit = self._hit_valid(req_id, start)  # unknown history: what the blocks hold
+            own = self.valid.get(req_id)
+            return hit if own is None else own if hit is None else min(hit, own)
         return self.valid.get(req_id)
+
+    def _hit_valid(self, req_id: str, start: int) -> int | None:
+        row = None if self._rows is None else self._rows.get(req_id)
+        if row is None or self.holes_overflow or self.block_size <= 0:
+            return 0
+        if not self.holes:
+            return None
+        bs, digest = self.block_size, hashlib.blake2b(digest_size=16)
+        tokens = np.ascontiguousarray(row[0][:start], dtype=np.int64)
+        for end in range(bs, start + 1, bs):
+            digest.update(tokens[end - bs:end].tobytes())
+            valid = self.holes.get(digest.digest())
+            if valid is not None:  # the first, shortest shared prefix ends the lowest
+                return valid
+        return None
+
+    def _register(self, req_ids) -> None:
+        """Holes of the stale rows whose block where the draft KV ends is filled."""
+        if self._rows is None or self.block_size <= 0 or self.holes_overflow:
+            return
+        bs = self.block_size
+        for req_id in req_ids:
+            valid = self.valid.get(req_id)
+            if valid is None or self._registered.get(req_id) == valid:
+                continue
+            row = self._rows.get(req_id)
+            end = (valid // bs + 1) * bs  # the end of the block where the draft KV stops
+            if row is None or row[1] < end:
+                continue  # that block is not full yet: no hit can reach it
+            key = hashlib.blake2b(np.ascontiguousarray(row[0][:end], dtype=np.int64).tobytes(),
+                                  digest_size=16).digest()
+            self.holes[key] = min(self.holes.get(key, valid), valid)
+            self._registered[req_id] = valid
+            if len(self.holes) > self.max_holes:
+                self.holes.clear()
+                self.holes_overflow = True
+                return
 
     def step(self, req_ids, starts, drafting: bool) -> dict[str, tuple[int, int]]:
         """Update for one step; returns {req_id: (valid, start)} to catch up (drafting only)."""
@@ -152,6 +212,7 @@ class DraftKVTracker:
                 self.valid[req_id] = start if valid is None else valid
         if not drafting:
             self.skipped_any = True
+            self._register(req_ids)
         return gaps
 
     def read_from(self, req_id: str, start: int) -> int:
@@ -173,10 +234,12 @@ class DraftKVTracker:
         return out
 
     def forget(self, req_ids) -> None:
+        """Finished requests; the holes they registered stay (their blocks stay cached)."""
         for req_id in req_ids:
             self.valid.pop(req_id, None)
             self.last_start.pop(req_id, None)
             self.first_start.pop(req_id, None)
+            self._registered.pop(req_id, None)
 
 
 class MTADRequestState:

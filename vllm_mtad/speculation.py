@@ -119,7 +119,8 @@ class SpeculationController:
         """One sample of ``model`` at ``size`` (a number, or a tuple for a line of several
         sizes; ``count`` equal parts between the marks: seconds/count). ``no_draft``: a
         verification of decode tokens only, without drafts: also a sample of
-        CostModel.no_draft, measured against the verify line's price before it is added."""
+        CostModel.no_draft at its size, measured against the verify line's price before it is
+        added."""
         if start is None:  # not timing (fixed policy)
             return
         end = end if end is not None else self.clock.mark()
@@ -144,7 +145,7 @@ class SpeculationController:
                     seconds > 5 * model.predict(size) + 1e-3):  # the engine idled in between
                 continue
             if no_draft and model.samples >= 8:
-                self.costs.no_draft.add(seconds, model.predict(size))
+                self.costs.no_draft_ratio(size[0]).add(seconds, model.predict(size))
             model.add(size, model.clip(size, seconds))
         self._pending = keep
 
@@ -258,8 +259,9 @@ class SpeculationController:
                                   ("first_pass", self.costs.first_pass),
                                   ("beam_step", self.costs.beam_step),
                                   ("rest", self.costs.rest))}
-        # measured / predicted seconds of steps without a draft, and how many were measured
-        coeffs["no_draft"] = [round(self.costs.no_draft.value, 4), self.costs.no_draft.samples]
+        # per batch size: measured / predicted seconds of steps without a draft, and how many
+        coeffs["no_draft"] = {b: [round(r.value, 4), r.samples]
+                              for b, r in sorted(self.costs.no_draft.items()) if r.samples}
         drafts, accepted = self.verified()
         return {"policy": self.cfg.speculation_policy, "policy_steps": self.steps,
                 "verified_drafts": drafts, "accepted_tokens": accepted,

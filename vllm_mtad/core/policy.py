@@ -384,18 +384,25 @@ class CostModel:
     draft's first pass are priced by (decode tokens, prefill tokens): what one prefill token
     costs is what the draft owes a token.
 
-    ``no_draft``: what steps verifying no drafts (B decode tokens) measured against the
-    verify line's price for them when they were measured. Drafting steps fit the line at
-    B·(1 + γ) tokens; a step without a draft verifies B, below every size a drafting run
-    measures, so its price is an extrapolation, and at batch 4 on the real pair the arms
-    were within a tenth of each other. Exploration steps without a draft (see
-    :func:`choose`) measure it while the policy drafts; the ratio corrects that price."""
+    ``no_draft``: per batch size B, what steps verifying no drafts (B decode tokens)
+    measured against the verify line's price for them when they were measured. Drafting
+    steps fit the line at B·(1 + γ) tokens; a step without a draft verifies B, below every
+    size a drafting run measures, so its price is an extrapolation, and at batch 4 on the real
+    pair the arms were within a tenth of each other. Per B, because the line's error depends
+    on the size: on the real pair the line fitted at batch 1 was 0.132 s flat from one to five
+    tokens, the one fitted at batch 4 0.077 s + 7.5 ms a token (0.084 s at one token), and
+    one ratio for every size (six samples from a run at batch 1 and 4, 1.25 then 1.40)
+    priced every step without a draft at 1.4x its line, at batch 4 too. Exploration steps
+    without a draft (see :func:`choose`) measure it while the policy drafts."""
 
     verify: LinearCost = field(default_factory=lambda: LinearCost(dims=2))
     first_pass: LinearCost = field(default_factory=lambda: LinearCost(dims=2))
     beam_step: LinearCost = field(default_factory=LinearCost)  # by draft rows (B·W)
     rest: LinearCost = field(default_factory=LinearCost)  # bookkeeping, scheduling: by rows
-    no_draft: Ratio = field(default_factory=Ratio)
+    no_draft: dict = field(default_factory=dict)  # B -> Ratio
+
+    def no_draft_ratio(self, rows: int) -> Ratio:
+        return self.no_draft.setdefault(int(rows), Ratio())
 
     def ready(self, min_samples: int, max_tokens: int) -> bool:
         parts = [self.verify, self.first_pass] + ([self.beam_step] if max_tokens > 1 else [])
@@ -429,11 +436,11 @@ class CostModel:
         differs from the others: the target's verification of the decode tokens (prefill
         chunks, verified alike by every arm, are left out) and, if it drafts, the draft's
         first pass and beam steps plus ``owed_share`` of :meth:`owed_time`; without a draft,
-        the verify line's price corrected by ``no_draft``."""
+        the verify line's price corrected by ``no_draft`` at this batch size."""
         B = batch.size
         t = self.rest.predict(B)
         if num_tokens == 0:
-            return t + self.verify.predict(B) * self.no_draft.value
+            return t + self.verify.predict(B) * self.no_draft_ratio(B).value
         t += self.verify.predict(B * (1 + num_tokens))
         first = batch.first_pass_tokens
         first = B * (1 + num_tokens) if first is None else max(first - batch.other_tokens, B)
@@ -493,7 +500,8 @@ def arms(bounds: Bounds, batch: Batch) -> list[tuple[int, int]]:
 
 
 def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: int,
-           explore_period: int = 16, min_samples: int = 8, confidence: float = 1.0) -> Plan:
+           explore_period: int = 16, min_samples: int = 8, confidence: float = 1.0,
+           min_no_draft: int = 3) -> Plan:
     """The (W, γ) that maximises expected goodput for ``batch``, each arm's expected tokens
     taken ``confidence`` standard errors below their estimate: an arm measured on a few drafts
     (an exploration arm) is not chosen over a well-measured one for a lucky streak.
@@ -504,7 +512,8 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
     the full length, half the length, the shortest draft of at least one token and, where the
     bounds allow it, no draft) unless it is the best arm already. The shortest arm keeps the
     verify line measured at sizes the long drafts never reach; the step without a draft
-    measures what not drafting costs (CostModel.no_draft) while the policy drafts."""
+    measures what not drafting costs (CostModel.no_draft) while the policy drafts, and is
+    explored first until ``min_no_draft`` steps of this batch size have measured it."""
     only_exact = batch.rows.get("exact", 0) == batch.size
     full_width = 1 if only_exact else bounds.beam_width
     if batch.size == 0 or not costs.ready(min_samples, bounds.max_tokens):
@@ -526,6 +535,11 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
         candidates = [c for c in dict.fromkeys(candidates) if c != (w, g)]
         # No draft: the draft skips one step (its KV catches up on the next drafting step).
         skip = [(1 if only_exact else narrow, 0)] if bounds.min_tokens == 0 and g > 0 else []
+        if skip and costs.no_draft_ratio(batch.size).samples < min_no_draft:
+            # Not measured at this batch size yet: before the other arms (one sample moves
+            # the price by up to 2x; the drafting arms are fitted on every drafting step).
+            return Plan(*skip[0], explore=True,
+                        goodput=goodput(batch, costs, stats, *skip[0], amortise=False))
         # An exploration step pays what the draft must read first in full (the catch-up,
         # prompts included, and this step's prefill chunks): not where that costs more than
         # the drafting step itself (after a run without drafting the draft may owe every
