@@ -576,5 +576,6 @@ def summary(stats: dict) -> dict:
     return out
 
 
-__all__ = ["CLASSES", "LinearCost", "Ratio", "AcceptanceStats", "Bounds", "Batch", "Plan", "CostModel",
-           "prefill_tokens", "expected_tokens", "goodput", "arms", "choose", "new_stats", "summary"]
+__all__ = ["CLASSES", "LinearCost", "Ratio", "AcceptanceStats", "Bounds", "Batch", "Plan",
+           "CostModel", "prefill_tokens", "expected_tokens", "goodput", "arms", "choose",
+           "new_stats", "summary"]
