@@ -509,6 +509,12 @@ def test_draft_kv_tracker_catches_a_hit_up_from_the_hole_its_blocks_hold():
     kv.set_tokens(["a", "b"], rows, known, bs)
     kv.step(["a", "b"], [11, 18], drafting=False)
     assert sorted(kv.holes.values()) == [10, 17]  # "a": block [8, 12) full, valid below 10
+    # "a" resumed after preemption at 8 < 11 (its blocks hit again): its own draft KV is
+    # valid below 10, and the hit on [0, 8) holds no hole: nothing to catch up (the rule
+    # without the tokens reads it again from 0).
+    rows, known = tokens(a[:12])
+    kv.set_tokens(["a"], rows, known, bs)
+    assert kv.owed(["a"], [8]) == {}
     kv.forget(["a"])  # finished stale: its blocks stay cached, its hole registered
 
     def first_seen(req_id, row, start):

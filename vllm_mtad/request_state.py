@@ -109,6 +109,15 @@ class DraftStore:
         return logprobs.masked_fill(invalid, 0.0), matches
 
 
+def _prefix_digest(data: bytes = b""):
+    """The digest the hole registry keys a token prefix by (fed block by block or whole)."""
+    return hashlib.blake2b(data, digest_size=16)
+
+
+def _token_bytes(tokens) -> bytes:
+    return np.ascontiguousarray(tokens, dtype=np.int64).tobytes()
+
+
 class DraftKVTracker:
     """Which requests' draft KV lags the target's, on the host.
 
@@ -140,15 +149,27 @@ class DraftKVTracker:
         self.holes: dict[bytes, int] = {}
         self.holes_overflow = False
         self._registered: dict[str, int] = {}  # stale request -> the valid it registered
-        self._rows: dict | None = None  # this step's req_id -> (token row, tokens known)
+        self._step = None  # this step's (req_ids, token rows, tokens known), see set_tokens
+        self._index: dict | None = None  # req_id -> row of this step, built on first use
         self.block_size = 0
 
     def set_tokens(self, req_ids, tokens, known, block_size: int) -> None:
         """This step's tokens: rows of ``tokens`` (vLLM's InputBatch.token_ids_cpu) and
         ``known`` (num_tokens_no_spec) in ``req_ids``' order; ``block_size``: the KV cache's
-        (prefix-cache hits are whole blocks)."""
+        (prefix-cache hits are whole blocks). Kept by reference: read only in steps without
+        drafting and for prefix-cache hits after one."""
         self.block_size = int(block_size)
-        self._rows = {r: (tokens[i], int(known[i])) for i, r in enumerate(req_ids)}
+        self._step, self._index = (req_ids, tokens, known), None
+
+    def _row(self, req_id: str):
+        """(token row, tokens known) of a request in this step, None if unknown."""
+        if self._step is None:
+            return None
+        req_ids, tokens, known = self._step
+        if self._index is None:
+            self._index = {r: i for i, r in enumerate(req_ids)}
+        i = self._index.get(req_id)
+        return None if i is None else (tokens[i], int(known[i]))
 
     def _valid(self, req_id: str, start: int) -> int | None:
         """Where the request's draft KV stops being valid, None if it is current."""
@@ -160,15 +181,14 @@ class DraftKVTracker:
         return self.valid.get(req_id)
 
     def _hit_valid(self, req_id: str, start: int) -> int | None:
-        row = None if self._rows is None else self._rows.get(req_id)
+        row = self._row(req_id)
         if row is None or self.holes_overflow or self.block_size <= 0:
             return 0
         if not self.holes:
             return None
-        bs, digest = self.block_size, hashlib.blake2b(digest_size=16)
-        tokens = np.ascontiguousarray(row[0][:start], dtype=np.int64)
+        bs, digest = self.block_size, _prefix_digest()
         for end in range(bs, start + 1, bs):
-            digest.update(tokens[end - bs:end].tobytes())
+            digest.update(_token_bytes(row[0][end - bs:end]))
             valid = self.holes.get(digest.digest())
             if valid is not None:  # the first, shortest shared prefix ends the lowest
                 return valid
@@ -176,19 +196,18 @@ class DraftKVTracker:
 
     def _register(self, req_ids) -> None:
         """Holes of the stale rows whose block where the draft KV ends is filled."""
-        if self._rows is None or self.block_size <= 0 or self.holes_overflow:
+        if self._step is None or self.block_size <= 0 or self.holes_overflow:
             return
         bs = self.block_size
         for req_id in req_ids:
             valid = self.valid.get(req_id)
             if valid is None or self._registered.get(req_id) == valid:
                 continue
-            row = self._rows.get(req_id)
+            row = self._row(req_id)
             end = (valid // bs + 1) * bs  # the end of the block where the draft KV stops
             if row is None or row[1] < end:
                 continue  # that block is not full yet: no hit can reach it
-            key = hashlib.blake2b(np.ascontiguousarray(row[0][:end], dtype=np.int64).tobytes(),
-                                  digest_size=16).digest()
+            key = _prefix_digest(_token_bytes(row[0][:end])).digest()
             self.holes[key] = min(self.holes.get(key, valid), valid)
             self._registered[req_id] = valid
             if len(self.holes) > self.max_holes:

@@ -535,11 +535,6 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
         candidates = [c for c in dict.fromkeys(candidates) if c != (w, g)]
         # No draft: the draft skips one step (its KV catches up on the next drafting step).
         skip = [(1 if only_exact else narrow, 0)] if bounds.min_tokens == 0 and g > 0 else []
-        if skip and costs.no_draft_ratio(batch.size).samples < min_no_draft:
-            # Not measured at this batch size yet: before the other arms (one sample moves
-            # the price by up to 2x; the drafting arms are fitted on every drafting step).
-            return Plan(*skip[0], explore=True,
-                        goodput=goodput(batch, costs, stats, *skip[0], amortise=False))
         # An exploration step pays what the draft must read first in full (the catch-up,
         # prompts included, and this step's prefill chunks): not where that costs more than
         # the drafting step itself (after a run without drafting the draft may owe every
@@ -554,6 +549,10 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
         # took 0.11 s).
         candidates = [c for c in candidates
                       if expected_tokens(batch, stats, *c) > batch.size + 1e-9] + skip
+        if skip and costs.no_draft_ratio(batch.size).samples < min_no_draft:
+            # Not measured at this batch size yet: before the other arms (one sample moves
+            # the price by up to 2x; the drafting arms are fitted on every drafting step).
+            candidates = skip
         if candidates:
             ew, eg = candidates[(step // explore_period) % len(candidates)]
             return Plan(ew, eg, explore=True,
