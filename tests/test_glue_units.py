@@ -393,19 +393,20 @@ def test_the_policy_sees_each_rows_prompt_budget_and_catch_up(monkeypatch):
     spec.requests.kv.step(["a"], [110], drafting=False)
     # "b" arrives with 8 of its 40 prompt tokens from the prefix cache; since steps skipped
     # drafting, the draft reads it from 0: 8 tokens caught up, 32 in the prefill chunk, all
-    # of them priced as prompt (its rate), none as a debt.
+    # of them priced as an arrival's prompt (its rate), none as a debt.
     spec.plan(["sampled"] * 2, scheduled_tokens=1 + 32, req_ids=["a", "b"], starts=[111, 8],
               requests=requests)
     batch = seen[-1]
     assert batch.prompt_per_token == pytest.approx((100 / 50 + 40 / 20) / 2)
-    assert batch.catch_up_tokens == (111 - 109) + 8 and batch.catch_up_prompt_tokens == 8
+    assert batch.catch_up_tokens == (111 - 109) + 8 and batch.catch_up_arrival_tokens == 8
     assert batch.remaining_tokens == (40 + 20) / 2
     spec.requests.kv.step(["a", "b"], [111, 8], drafting=False)
-    # Another step without drafting: "b" now owes its whole prompt and its first token.
+    # Another step without drafting: "b" now owes its whole prompt and its first token, all
+    # of it a debt (it arrived in a step that did not draft: no rate paid for its prompt).
     spec.plan(["sampled"] * 2, scheduled_tokens=2, req_ids=["a", "b"], starts=[112, 41],
               requests=requests)
     assert seen[-1].catch_up_tokens == (112 - 109) + 41
-    assert seen[-1].catch_up_prompt_tokens == 40
+    assert seen[-1].catch_up_arrival_tokens == 0
     # Without a step that skipped drafting, a prefix-cache hit's cached prompt is not read.
     fresh = SpeculationController(
         MTADConfig(num_speculative_tokens=4, speculation_policy="adaptive"), torch.device("cpu"))

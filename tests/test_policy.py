@@ -372,13 +372,45 @@ def test_prompts_arriving_one_by_one_are_priced_as_a_rate_not_per_arrival():
     long_out = Batch.from_step(["joint"] * 4, 20, 16, prompt_tokens=[104] * 4,
                                max_tokens=[512] * 4, **step_rows)
     assert policy.goodput(long_out, real, stats, 1, 4) > 1.2 * g0
-    # A prompt caught up after steps without drafting is priced by the same rate, not again
-    # as a debt; skipped decode tokens are a debt.
+    # An arriving prompt caught up (a prefix-cache hit after steps without drafting) is
+    # priced by the same rate, not again as a debt; skipped decode tokens are a debt, and so
+    # is the prompt of a request that arrived in a step without drafting.
     caught = Batch.from_step(["joint"] * 4, 20, 16, catch_up_tokens=104 + 8,
-                             catch_up_prompt_tokens=104, prompt_tokens=[104] * 4,
+                             catch_up_arrival_tokens=104, prompt_tokens=[104] * 4,
                              max_tokens=[48] * 4, **step_rows)
     intercept, _, per_token = real.first_pass.coefficients()
     assert real.owed_time(caught) == pytest.approx(intercept + 8 * per_token)
+    earlier = Batch.from_step(["joint"] * 4, 20, 16, catch_up_tokens=104 + 8,
+                              prompt_tokens=[104] * 4, max_tokens=[48] * 4, **step_rows)
+    assert real.owed_time(earlier) == pytest.approx(intercept + 112 * per_token)
+
+
+def test_switching_to_drafting_pays_the_prompts_the_batch_never_read():
+    # A step of the real pair at T=1, batch 16 queued (benchmarks/reports/policy-probe-cpu,
+    # trace_b16_t48_target-adaptive_n48.json): the batch had not drafted for a while, and
+    # its rows owed the draft 1,613 tokens, ~1,460 of them the prompts of requests that
+    # arrived meanwhile. The lines and acceptance approximate the policy's at that point
+    # (E[accepted] 2.9 at W=1 and 3.5 at W=4; the step without a draft priced 0.33 s, W=4,
+    # γ=1 0.63 s). Priced by the prompts' rate, W=4, γ=1 looked 2 % faster than not
+    # drafting; the step that took it spent 3.8 s catching up. Owed in full, spread over the
+    # ~19 steps the rows had left, the switch does not pay.
+    b = Bounds(beam_width=4, max_tokens=4)
+    stats = stats_with({1: 0.83, 4: 0.93})
+    real = costs(verify=(0.32, 0.0006, 0.0069), first=(0.03, 0.00173, 0.00216),
+                 beam=(0.0377, 0.003), rest=(0.0012, 0.0))
+    rows = dict(tokens_left=[37] * 16, prompt_tokens=[150] * 16, max_tokens=[48] * 16,
+                horizon=4)
+    arrived_earlier = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=1613, **rows)
+    assert choose(arrived_earlier, real, stats, b, step=1).num_tokens == 0
+    # The same debt priced as if those prompts were arrivals (the rate alone) is what chose
+    # to switch.
+    as_rate = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=1613,
+                              catch_up_arrival_tokens=1460, **rows)
+    assert choose(as_rate, real, stats, b, step=1).num_tokens > 0
+    # Owing only a few skipped decode tokens, and with long to run, drafting stays on.
+    current = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=16,
+                              **(rows | dict(tokens_left=[400] * 16, max_tokens=[512] * 16)))
+    assert choose(current, real, stats, b, step=1).num_tokens > 0
 
 
 def test_catch_up_is_charged_over_the_steps_it_buys():
@@ -413,7 +445,7 @@ def test_exploration_does_not_pay_a_catch_up_dearer_than_a_step():
     # The same when what it owes is the prompts (priced as a rate in the choice, read in full
     # by an exploration step).
     prompts = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=2400,
-                              catch_up_prompt_tokens=2400, tokens_left=[40] * 16,
+                              catch_up_arrival_tokens=2400, tokens_left=[40] * 16,
                               prompt_tokens=[150] * 16, max_tokens=[48] * 16)
     assert c.owed_time(prompts) < c.reading_time(prompts)
     plans = [choose(prompts, c, stats, b, step=s, explore_period=16)

@@ -219,7 +219,7 @@ class SpeculationController:
                 self._read_acceptance()
             kv = self.requests.kv
             owed = kv.owed(req_ids, starts) if kv.skipped_any else {}
-            left, prompts, budgets, owed_prompt = [], [], [], 0
+            left, prompts, budgets, arriving = [], [], [], 0
             if requests is not None:
                 for r, start in zip(req_ids, starts):
                     req, start = requests[r], int(start)
@@ -229,13 +229,14 @@ class SpeculationController:
                                    or float("inf"))
                     # The prompt tokens the draft reads (a prefix-cache hit's are cached).
                     prompts.append(max(0, req.num_prompt_tokens - kv.read_from(r, start)))
-                    if r in owed:  # the part of a catch-up that is prompt
-                        owed_prompt += max(0, min(req.num_prompt_tokens, start)
-                                           - (start - owed[r]))
+                    if r in owed and start < req.num_prompt_tokens:
+                        # An arrival (its prompt is still being read): its catch-up is all
+                        # prompt, priced by the prompts' rate; an earlier arrival's is a debt.
+                        arriving += owed[r]
             batch = policy.Batch.from_step(
                 classes, scheduled_tokens, self._verified_drafts, sum(owed.values()),
                 tokens_left=left, horizon=self.bounds.max_tokens, prompt_tokens=prompts,
-                max_tokens=budgets, catch_up_prompt_tokens=owed_prompt)
+                max_tokens=budgets, catch_up_arrival_tokens=arriving)
             plan = policy.choose(batch, self.costs, self.stats, self.bounds, self.steps)
         else:
             plan = policy.Plan(1 if only_exact else self.cfg.beam_width,

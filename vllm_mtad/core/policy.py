@@ -12,9 +12,10 @@ the expected time the step takes. For a batch of B requests drafting γ tokens w
                    reads every prompt into the draft, and each output token drafted carries
                    its share (the rows' mean of prompt tokens / max_tokens, at the first
                    pass's price of a prefill token)
-    owed         = the draft's reading of the decode tokens it skipped in steps without
-                   drafting (a catch-up pass), spread over the steps the requests have left,
-                   which that reading buys drafting for
+    owed         = the draft's reading of what it skipped in steps without drafting (a
+                   catch-up pass: decode tokens, and the prompts of requests that arrived in
+                   those steps), spread over the steps the requests have left, which that
+                   reading buys drafting for
 
 Why the prompts are a rate, not a debt paid when a prompt arrives: in a batch of B requests
 each of S steps, a new request arrives every S/B steps, and drafting for the batch needs
@@ -25,6 +26,17 @@ overlaps, and reading prompts was underpriced B-fold. (Measured on the real pair
 steps with W=1, γ=4 drafts produced what the target's did per second, so the draft's reading
 of the prompts, 2.7 s of the run, was the whole difference: the target alone 24.1 and 26.0
 tok/s, drafting 21.0 and 20.6; the policy had priced those decode steps 17 % ahead.)
+
+Why the prompts of requests that arrived in steps without drafting are a debt all the same:
+the rate, summed over the steps the batch's rows have left, is the reading of the prompts
+that arrive in those steps (their replacements); it does not cover the rows' own prompts,
+which a drafting run read as they arrived and a run without drafting never read. Switching
+to drafting pays them at once, in full. (Priced by the rate, a batch of 16 that had not
+drafted for a while was priced 2 % faster drafting W=4, γ=1, and the step that switched read
+1,613 tokens, 3.8 s of catch-up, 5 % of the run: real pair, T=1, batch 16 queued, trace in
+benchmarks/reports/policy-probe-cpu.) The prompt tokens of a request whose prompt is being
+read in this very step (an arrival) are the rate's, in a catch-up (its prefix-cache hit
+after steps without drafting) as in the prefill chunk.
 
 ``verify``, ``first_pass`` and ``beam_step`` are linear cost models (:class:`LinearCost`,
 seconds as a function of tokens or rows; the target's and the first pass's with separate
@@ -283,14 +295,15 @@ class Batch:
     batches) stands for a decode step verifying the arm's own γ: B·(1 + γ).
     ``catch_up_tokens``: tokens the draft skipped in earlier steps without drafting, which it
     must read before it drafts (DraftKVTracker), in a pass of its own; of them,
-    ``catch_up_prompt_tokens`` are prompt tokens (a request that arrived while no step
-    drafted). The decode tokens among them buy drafting for the rest of the requests, so a
-    drafting arm is charged their cost spread over the steps the requests have left
-    (``remaining_tokens``: their mean output tokens still to generate).
+    ``catch_up_arrival_tokens`` are prompt tokens of requests whose prompt this step reads
+    (arrivals: priced by the prompts' rate, see the module docstring). The rest buy
+    drafting for the rest of the requests, so a drafting arm is charged their cost spread
+    over the steps the requests have left (``remaining_tokens``: their mean output tokens
+    still to generate).
     ``prompt_per_token``: the rows' mean of (prompt tokens the draft reads) / (output tokens
     the request may generate): a drafting arm pays that many prefill tokens of the draft per
-    output token (see the module docstring). The prompt tokens in a prefill chunk or a
-    catch-up are priced by it, not as a debt.
+    output token (see the module docstring). The prompt tokens of a prefill chunk, and an
+    arrival's in a catch-up, are priced by it, not as a debt.
     ``short``: rows about to finish, ((class, tokens left), count) pairs: a row with L tokens
     left gains at most L − 1 from a draft (its max_tokens cuts the rest), so its expected
     tokens count drafts of at most L − 1."""
@@ -301,7 +314,7 @@ class Batch:
     catch_up_tokens: float = 0.0
     remaining_tokens: float = 1.0
     short: tuple = ()
-    catch_up_prompt_tokens: float = 0.0
+    catch_up_arrival_tokens: float = 0.0
     prompt_per_token: float = 0.0
 
     @property
@@ -313,7 +326,7 @@ class Batch:
                   catch_up_tokens: float = 0.0, remaining_tokens: float = 1.0,
                   tokens_left: list | None = None, horizon: int = 0,
                   prompt_tokens: list | None = None, max_tokens: list | None = None,
-                  catch_up_prompt_tokens: float = 0.0) -> "Batch":
+                  catch_up_arrival_tokens: float = 0.0) -> "Batch":
         """The batch of a step whose target input held ``scheduled_tokens`` tokens, of which
         ``verified_drafts`` were the previous round's drafts: the rest beyond one token per
         row are prefill chunks, which the next step's arms all verify alike. (The drafts being
@@ -341,7 +354,7 @@ class Batch:
         return cls(rows, other_tokens=other, first_pass_tokens=scheduled_tokens,
                    catch_up_tokens=catch_up_tokens, remaining_tokens=remaining_tokens,
                    short=tuple(sorted(short.items())),
-                   catch_up_prompt_tokens=min(catch_up_prompt_tokens, catch_up_tokens),
+                   catch_up_arrival_tokens=min(catch_up_arrival_tokens, catch_up_tokens),
                    prompt_per_token=per_token)
 
 
@@ -410,9 +423,9 @@ class CostModel:
 
     def owed_time(self, batch: Batch) -> float:
         """Seconds the draft owes before it drafts, beyond the prompts' rate
-        (:meth:`prompt_time`): the catch-up pass over the decode tokens of steps without
-        drafting."""
-        return self._read(batch, batch.catch_up_tokens - batch.catch_up_prompt_tokens)
+        (:meth:`prompt_time`): the catch-up pass over what steps without drafting skipped
+        (decode tokens, and the prompts of requests that arrived in them)."""
+        return self._read(batch, batch.catch_up_tokens - batch.catch_up_arrival_tokens)
 
     def reading_time(self, batch: Batch) -> float:
         """Seconds a drafting step spends reading before it drafts: the catch-up pass, prompt
