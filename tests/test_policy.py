@@ -442,8 +442,8 @@ def test_exploration_does_not_pay_a_catch_up_dearer_than_a_step():
     assert choose(owes, c, stats, b, step=1).num_tokens == 0
     plans = [choose(owes, c, stats, b, step=s, explore_period=16) for s in range(16, 160, 16)]
     assert all(p.num_tokens == 0 and not p.explore for p in plans)
-    # The same when what it owes is the prompts (priced as a rate in the choice, read in full
-    # by an exploration step).
+    # The same when what it owes is arriving requests' prompts (priced as a rate in the
+    # choice, read in full by an exploration step).
     prompts = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=2400,
                               catch_up_arrival_tokens=2400, tokens_left=[40] * 16,
                               prompt_tokens=[150] * 16, max_tokens=[48] * 16)
