@@ -19,9 +19,9 @@ configurations differ in the choice alone, and share the policy's measurements.
 Cells: batch size x {T=1 (top-k 10, top-p 0.9), T=1 with vLLM SD's greedy drafts, T=0
 "joint", T=0 "exact"}. In each cell, every
 configuration first runs once untimed on other prompts (warm-up: caches, and the policy's
-measurements at this load), then the configurations are run ``--repeats`` times in rotating
-order (interleaved); each run generates ``--tokens`` tokens (ignore_eos) for ``batch`` HumanEval
-prompts submitted at once, repeated on further prompts until at least ``--min-prompts`` prompts
+measurements at this load), then the configurations are run ``--repeats`` times, interleaved
+(forward, then backward: see run_order); each run generates ``--tokens`` tokens (ignore_eos)
+for ``batch`` HumanEval prompts submitted at once, repeated on further prompts until at least ``--min-prompts`` prompts
 have run (batch 1 would otherwise time one prompt: a handful of steps). Reported per cell and
 configuration: median tokens/s, min and max, mean acceptance length (bonus token included, from
 vLLM's per-request spec-decode metrics, so that each engine reports its own) and, for MTAD
@@ -182,8 +182,7 @@ def main(argv=None) -> None:
                 run(config, warm, 1000)
             results = {c: [] for c in configs}
             for r in range(args.repeats):
-                order = configs[r % len(configs):] + configs[:r % len(configs)]
-                for config in order:
+                for config in run_order(configs, r):
                     res = run(config, timed, 0)
                     results[config].append(res)
                     runs.append({"cell": cell_name, "batch": batch, "config": config,
@@ -211,6 +210,23 @@ def main(argv=None) -> None:
         close(llm)
     print(table)
     print(f"written to {args.out}", file=sys.stderr)
+
+
+def run_order(configs: list, repeat: int) -> list:
+    """The configurations' order in repeat ``repeat``: rotated by repeat // 2, and in odd
+    repeats reversed (and rotated by one more, so that no configuration runs twice in a
+    row), so that a configuration does not always run right after the same one. (A fixed
+    cyclic order ran MTAD adaptive right after MTAD fixed, on the same engine, in every
+    repeat. At batch 48, T=0 joint (79dedcd), adaptive then took 61.3 and 56.8 s where
+    adaptive γ ≤ 8, choosing the same γ = 0 at every step right after it, took 55.8 and
+    55.7; in the T=0 exact cell of the same run, 56.3 and 55.7 against 56.4 and 55.6.
+    Whether the order caused the first, that order could not tell.)"""
+    k = (repeat // 2) % len(configs)
+    order = configs[k:] + configs[:k]
+    if repeat % 2:
+        order = order[::-1]
+        order = order[1:] + order[:1]
+    return order
 
 
 def _report(args, target, draft, cells_out, runs, env) -> str:

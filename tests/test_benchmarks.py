@@ -261,3 +261,17 @@ def test_quality_grid_on_tiny_pair_resumes_and_reports(tmp_path):
     assert rows["MTAD T=1.0 τ=0.5"]["quality pass@1"] == rows["MTAD T=1.0 τ=0.5"]["pass@1"]
     assert set(data["adaptive_policy_steps"]) == {"quality", "speed"}
     assert data["environment"]["cpu_model"]
+
+
+@pytest.mark.unit
+def test_policy_grid_order_varies_what_each_configuration_follows():
+    from benchmarks.policy_grid import run_order
+
+    configs = ["target", "vllm_sd", "mtad_fixed", "mtad_adaptive", "mtad_adaptive_g8"]
+    orders = [run_order(configs, r) for r in range(4)]
+    assert all(sorted(o) == sorted(configs) for o in orders)
+    runs = [c for o in orders for c in o]
+    assert all(a != b for a, b in zip(runs, runs[1:]))  # none runs twice in a row
+    for config in configs:  # in two repeats, two different predecessors (or first)
+        before = {runs[i - 1] if i else None for i in range(10) if runs[i] == config}
+        assert len(before) == 2, (config, before)

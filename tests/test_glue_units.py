@@ -364,7 +364,8 @@ def test_draft_kv_tracker_gaps_after_skipped_steps():
 def test_the_policy_sees_each_rows_prompt_budget_and_catch_up(monkeypatch):
     """What the controller hands the policy from the runner's requests: the prompt tokens the
     draft reads per output token (a prefix-cache hit's cached part left out), and which part
-    of a catch-up is prompt (a request that arrived during steps without drafting)."""
+    of a catch-up is an arrival's prompt (a request whose prompt this step still reads); the
+    prompt of one that arrived in an earlier step without drafting is a debt."""
     from types import SimpleNamespace
 
     import torch
@@ -407,6 +408,19 @@ def test_the_policy_sees_each_rows_prompt_budget_and_catch_up(monkeypatch):
               requests=requests)
     assert seen[-1].catch_up_tokens == (112 - 109) + 41
     assert seen[-1].catch_up_arrival_tokens == 0
+    spec.requests.kv.step(["a", "b"], [112, 41], drafting=False)
+    # "d" (a 100-token prompt) is read in chunks, its first 64 tokens in a step without
+    # drafting: on its second chunk it is still arriving, and the 64 tokens it owes are its
+    # prompt's (the rate's). "e", resumed after preemption with 120 tokens computed (its
+    # 100-token prompt and 20 outputs), owes all of them as a debt.
+    requests["d"], requests["e"] = request(100, 30, 0), request(100, 48, 20)
+    spec.plan(["sampled"] * 3, scheduled_tokens=2 + 64, req_ids=["a", "b", "d"],
+              starts=[113, 42, 0], requests=requests)
+    spec.requests.kv.step(["a", "b", "d"], [113, 42, 0], drafting=False)
+    spec.plan(["sampled"] * 4, scheduled_tokens=3 + 36, req_ids=["a", "b", "d", "e"],
+              starts=[114, 43, 64, 120], requests=requests)
+    assert seen[-1].catch_up_tokens == (114 - 109) + 43 + 64 + 120
+    assert seen[-1].catch_up_arrival_tokens == 64
     # Without a step that skipped drafting, a prefix-cache hit's cached prompt is not read.
     fresh = SpeculationController(
         MTADConfig(num_speculative_tokens=4, speculation_policy="adaptive"), torch.device("cpu"))
