@@ -21,8 +21,9 @@ Cells: batch size x {T=1 (top-k 10, top-p 0.9), T=1 with vLLM SD's greedy drafts
 configuration first runs once untimed on other prompts (warm-up: caches, and the policy's
 measurements at this load), then the configurations are run ``--repeats`` times, interleaved
 (forward, then backward: see run_order); each run generates ``--tokens`` tokens (ignore_eos)
-for ``batch`` HumanEval prompts submitted at once, repeated on further prompts until at least ``--min-prompts`` prompts
-have run (batch 1 would otherwise time one prompt: a handful of steps). Reported per cell and
+for ``batch`` HumanEval prompts submitted at once, repeated on further prompts until at least
+``--min-prompts`` prompts have run (batch 1 would otherwise time one prompt: a handful of
+steps). Reported per cell and
 configuration: median tokens/s, min and max, mean acceptance length (bonus token included, from
 vLLM's per-request spec-decode metrics, so that each engine reports its own) and, for MTAD
 adaptive, the (W, γ) it chose during the timed runs and what it

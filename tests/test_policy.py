@@ -391,9 +391,10 @@ def test_switching_to_drafting_pays_the_prompts_the_batch_never_read():
     # its rows owed the draft 1,613 tokens, ~1,460 of them the prompts of requests that
     # arrived meanwhile. The lines and acceptance approximate the policy's at that point
     # (the step without a draft priced 0.33 s, W=4, γ=1 0.63 s; E[accepted] at γ=4 2.6 with
-    # W=1 and 3.3 with W=4 here, against the policy's 2.9 and 3.5). Priced by the prompts' rate, W=4, γ=1 looked 2 % faster than not
-    # drafting; the step that took it spent 3.8 s catching up. Owed in full, spread over the
-    # ~19 steps the rows had left, the switch does not pay.
+    # W=1 and 3.3 with W=4 here, against the policy's 2.9 and 3.5). Priced by the prompts'
+    # rate, W=4, γ=1 looked 2 % faster than not drafting; the step that took it spent 3.8 s
+    # catching up. Owed in full, spread over the ~19 steps the rows had left, the switch
+    # does not pay.
     b = Bounds(beam_width=4, max_tokens=4)
     stats = stats_with({1: 0.83, 4: 0.93})
     real = costs(verify=(0.32, 0.0006, 0.0069), first=(0.03, 0.00173, 0.00216),
