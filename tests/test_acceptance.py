@@ -150,6 +150,55 @@ def test_oracle_check_rejects_wrong_rules(wrong):
         check_lengths_match_oracle(wrong)
 
 
+def prefix_lengths(draft, draft_lp, target, tau, exact):
+    """The rule's k* of every prefix ([B, γ]), through the function the sampler runs."""
+    lp, argmax = acceptance.DenseTarget(target).at_drafts(draft)
+    return acceptance.prefix_accepted_lengths_from(draft, draft_lp, lp, argmax, tau, exact)
+
+
+def wrong_prefixes_clipped(draft, draft_lp, target, tau, exact):
+    """min(k*, g): what pooling drafts of every length assumed (a later pass not undone)."""
+    k = accepted_lengths(draft, draft_lp, target, tau, exact)
+    return k[:, None].clamp(max=torch.arange(1, draft.shape[1] + 1)[None, :])
+
+
+def check_prefixes_match_oracle(prefix_fn, seed: int = 0) -> None:
+    cases = [c for c in random_cases(seed) if far_from_threshold(c)]
+    draft, draft_lp, target, tau, greedy, exact = as_batch(cases)
+    got = prefix_fn(draft, draft_lp, target, tau, greedy & exact).tolist()
+    bad = []
+    for b, c in enumerate(cases):
+        row, lps = draft[b].tolist(), draft_lp[b].tolist()
+        want = [oracle_k(row[:g], lps[:g], c[2], c[3], c[4] and c[5])
+                for g in range(1, draft.shape[1] + 1)]
+        if got[b] != want:
+            bad.append((b, got[b], want))
+    assert not bad, f"{len(bad)} rows differ from the oracle, e.g. (row, got, want) {bad[:3]}"
+
+
+def test_prefix_accepted_lengths_match_the_rule_on_each_prefix_alone():
+    """Column g-1 is k* of a draft of the first g tokens (what the policy's per-length
+    statistics count); its last column is the row's k*, and mtad_accept returns both."""
+    for seed in range(3):
+        check_prefixes_match_oracle(prefix_lengths, seed)
+    with pytest.raises(AssertionError, match="differ from the oracle"):
+        check_prefixes_match_oracle(wrong_prefixes_clipped)
+    draft, draft_lp, target, tau, greedy, exact = as_batch(random_cases(5))
+    B = draft.shape[0]
+    res = mtad_accept(draft, draft_lp, target, tau.float(), greedy, exact,
+                      torch.zeros(B, dtype=torch.int64), torch.zeros(B, dtype=torch.int64))
+    assert torch.equal(res.prefix_accepted[:, -1], res.num_accepted)
+    assert torch.equal(res.prefix_accepted, prefix_lengths(draft, draft_lp, target, tau.float(),
+                                                           greedy & exact))
+    # The case the per-length counts exist for: S_1 fails, S_2 passes. A draft of two tokens
+    # has both accepted, a draft of its first token alone none.
+    lp = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    q = torch.log(torch.tensor([[0.8, 0.1]]))
+    got = prefix_lengths(torch.tensor([[0, 1]]), q, lp.expand(1, 3, 4).clone(),
+                         torch.tensor([0.9]), torch.tensor([False]))
+    assert got.tolist() == [[0, 2]]
+
+
 def test_edge_cases_explicitly():
     V = 4
     lp = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))

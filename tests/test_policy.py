@@ -85,6 +85,72 @@ def test_acceptance_stats_prior_and_measured():
     assert s.expected_accepted(4, 4) > 3.9  # per-width statistics stay apart
 
 
+def test_each_draft_length_is_priced_by_what_the_rule_accepts_of_that_length():
+    """MTAD accepts the largest passing prefix, so a longer draft's first g tokens can be
+    accepted where a g-token draft's would not. Drafts of 4 tokens whose joint ratio wanders
+    around τ (a random walk), recorded with each prefix's own k*, price every shorter length
+    at its true mean; recorded as min(k*, g) (what pooling the lengths assumed), the short
+    drafts read as accepting more than they do."""
+    import math
+    import random
+
+    import torch
+
+    from vllm_mtad.core.acceptance import prefix_accepted_lengths_from
+
+    rng = random.Random(0)
+    B, G = 4000, 4
+    ratios = torch.tensor([[rng.gauss(-0.2, 0.9) for _ in range(G)] for _ in range(B)])
+    zeros = torch.zeros(B, G)
+    prefixes = prefix_accepted_lengths_from(torch.zeros(B, G, dtype=torch.int64), -ratios,
+                                            zeros, torch.zeros(B, G, dtype=torch.int64),
+                                            torch.full((B,), 0.5), torch.zeros(B, dtype=torch.bool))
+    true_mean = prefixes.double().mean(dim=0).tolist()  # E[k* of a g-token draft], g = 1..4
+    clipped = [prefixes[:, -1].clamp(max=g).double().mean().item() for g in range(1, G + 1)]
+    assert clipped[0] > true_mean[0] + 0.05  # later passes are common here: a real gap
+    measured, pooled = AcceptanceStats(4, G, decay=1.0), AcceptanceStats(4, G, decay=1.0)
+    cells, prefix_cells = {}, {}
+    for row in prefixes.tolist():
+        cells[(G, row[-1])] = cells.get((G, row[-1]), 0) + 1
+        for g in range(1, G):
+            prefix_cells[(g, row[g - 1])] = prefix_cells.get((g, row[g - 1]), 0) + 1
+    measured.record_batch(1, [(*k, n) for k, n in cells.items()],
+                          [(*k, n) for k, n in prefix_cells.items()])
+    pooled.record_batch(1, [(*k, n) for k, n in cells.items()])  # prefixes derived: min(k*, g)
+    assert measured.drafts == pooled.drafts == B
+    for g in range(1, G + 1):
+        assert measured.expected_accepted(1, g) == pytest.approx(true_mean[g - 1], abs=0.01)
+        assert pooled.expected_accepted(1, g) == pytest.approx(clipped[g - 1], abs=0.01)
+    # A width never tried reads as the measured one at every length, and a length never
+    # drafted (none here beyond 4) is not asked for; the prior's 0.7^i holds with no data.
+    assert measured.expected_accepted(4, 2) == pytest.approx(true_mean[1], abs=0.01)
+    fresh = AcceptanceStats(4, 6)
+    assert fresh.expected_accepted(2, 6) == pytest.approx(sum(0.7 ** i for i in range(1, 7)))
+    assert not math.isnan(fresh.expected_accepted(1, 3, confidence=1.0))
+
+
+def test_the_controller_counts_each_drafts_prefixes_by_length_and_verified_drafts_once():
+    """The sampler's device histogram: a row's draft of 3 tokens with 2 accepted, of which its
+    first token alone fails (prefixes 0, 2, 2); a row's 1-token draft accepted; a row that did
+    not draft. Lengths 1..3 get their own counts; the drafts verified are two, not five."""
+    import torch
+
+    from vllm_mtad.config import MTADConfig
+    from vllm_mtad.speculation import SpeculationController
+
+    spec = SpeculationController(MTADConfig(4, 4, speculation_policy="adaptive"),
+                                 torch.device("cpu"))
+    spec.record_acceptance(["sampled", "sampled", "joint"], [1, 1, 2], torch.tensor([3, 1, 0]),
+                           torch.tensor([[0, 2, 2], [1, 1, 1], [0, 0, 0]]))
+    spec._read_acceptance()
+    s = spec.stats["sampled"]
+    assert s.drafted[0] == [2.0, 1.0, 1.0, 0.0]  # W=1, lengths 1..4
+    assert s.passed[0][0] == [1.0]  # of the two 1-token drafts, one accepted
+    assert s.passed[0][1] == [1.0, 1.0] and s.passed[0][2] == [1.0, 1.0, 0.0]
+    assert s.drafts == 2 and spec.stats["joint"].drafts == 0
+    assert spec.verified() == (2, 3)
+
+
 def test_drafts_read_together_weigh_the_same_whatever_their_order():
     """The sampler's histogram is read every few steps (and once after forced plans), cell by
     cell in order of acceptance. Read as one batch, the estimate is its mean (up to the small
@@ -112,8 +178,10 @@ def test_drafts_read_together_weigh_the_same_whatever_their_order():
                                  torch.device("cpu"))
     for step in range(0, len(draws), 16):  # 16 rows a step, drawn in no particular order
         part = draws[step:step + 16]
+        # Each draft's prefixes as the rule would accept them under "exact": min(k*, g).
+        prefixes = torch.tensor(part)[:, None].clamp(max=torch.arange(1, 5)[None, :])
         spec.record_acceptance(["sampled"] * len(part), [1] * len(part),
-                               torch.full((len(part),), 4), torch.tensor(part))
+                               torch.full((len(part),), 4), prefixes)
     spec._read_acceptance()
     assert spec.stats["sampled"].expected_accepted(1, 4) == pytest.approx(est[0], abs=1e-9)
     random.Random(0).shuffle(draws)

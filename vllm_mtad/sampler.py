@@ -125,9 +125,8 @@ class MTADRejectionSampler(RejectionSampler):
             any_sampled=not sampling_metadata.all_greedy)
         if num_real:  # acceptance statistics of the speculation policy (device-side counts)
             widths = [state.widths.get(r, self.mtad.beam_width) for r in req_ids]
-            accepted = (result.output_token_ids[:num_real] >= 0).sum(dim=1) - 1
             self.speculation.record_acceptance(rows.classes, widths, target.counts[:num_real],
-                                               accepted)
+                                               result.prefix_accepted[:num_real])
         return result.output_token_ids
 
     def _draft_logprobs(self, draft_probs, target: "_FlatTarget", req_ids):

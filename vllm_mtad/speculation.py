@@ -82,9 +82,11 @@ class SpeculationController:
         self.chosen: Counter = Counter()  # "W{w}_g{g}" -> steps
         self.explored = 0
         self.catch_up_tokens = 0
-        # [classes, W, γ+1 drafted, γ+1 accepted] counts, filled on the device by the sampler.
-        self._hist = torch.zeros(len(policy.CLASSES) * W * (G + 1) * (G + 1), dtype=torch.int64,
-                                 device=device)
+        # [classes, W, γ+1 length, γ+1 accepted, 2] counts, filled on the device by the sampler:
+        # every verified draft (last index 1) and each of its shorter prefixes (0), with what
+        # the rule accepted of those tokens alone (AcceptanceStats counts each length's own).
+        self._hist = torch.zeros(len(policy.CLASSES) * W * (G + 1) * (G + 1) * 2,
+                                 dtype=torch.int64, device=device)
         self._hist_read = [0] * self._hist.numel()
         self.stats_period = 8 if device.type == "cuda" else 1
         # (cost model, size, start mark, end mark, parts, a step verifying no drafts)
@@ -156,39 +158,51 @@ class SpeculationController:
 
     # --- acceptance -----------------------------------------------------------------------
     def record_acceptance(self, classes: list[str], widths: list[int], drafted: torch.Tensor,
-                          accepted: torch.Tensor) -> None:
-        """Count each row's verified draft (device tensors [B]: drafted and accepted lengths)."""
+                          prefix_accepted: torch.Tensor) -> None:
+        """Count each row's verified draft. Device tensors: ``drafted`` [B], each row's draft
+        length; ``prefix_accepted`` [B, γ], column g-1 the tokens accepted of the draft's first
+        g tokens alone (AcceptanceResult.prefix_accepted; the last column is the row's k*)."""
         G, W = self.cfg.num_speculative_tokens, self.cfg.beam_width
-        base = [(CLASS_INDEX[c] * W + min(w, W) - 1) * (G + 1) * (G + 1)
-                for c, w in zip(classes, widths)]
-        idx = (torch.tensor(base, dtype=torch.int64).to(self.device, non_blocking=True)
-               + drafted.clamp(0, G) * (G + 1) + accepted.clamp(0, G))
-        self._hist.index_add_(0, idx, torch.ones_like(idx))
+        B, gamma = prefix_accepted.shape
+        if B == 0 or gamma == 0:
+            return
+        base = torch.tensor([(CLASS_INDEX[c] * W + min(w, W) - 1) * (G + 1) * (G + 1) * 2
+                             for c, w in zip(classes, widths)], dtype=torch.int64)
+        base = base.to(self.device, non_blocking=True)
+        lengths = torch.arange(1, gamma + 1, device=self.device)
+        drafted = drafted.to(torch.int64).clamp(0, G)[:, None]
+        idx = (base[:, None] + lengths * (G + 1) * 2 + prefix_accepted.clamp(0, G) * 2
+               + (lengths == drafted).to(torch.int64))
+        self._hist.index_add_(0, idx.reshape(-1), (lengths <= drafted).to(torch.int64).reshape(-1))
+
+    def _cells(self, counts: list):
+        """((class, width, length, accepted, real), count) of the histogram's nonzero cells."""
+        G, W = self.cfg.num_speculative_tokens, self.cfg.beam_width
+        for i, n in enumerate(counts):
+            if n:
+                real, rest = i % 2, i // 2
+                accepted, rest = rest % (G + 1), rest // (G + 1)
+                length, rest = rest % (G + 1), rest // (G + 1)
+                yield (policy.CLASSES[rest // W], rest % W + 1, length, accepted, real), n
 
     def _read_acceptance(self) -> None:
         now = self._hist.tolist()
-        G, W = self.cfg.num_speculative_tokens, self.cfg.beam_width
-        cells: dict = {}  # (class, width) -> [(drafted, accepted, count)] since the last read
-        for i, (a, b) in enumerate(zip(now, self._hist_read)):
-            if a == b:
-                continue
-            accepted = i % (G + 1)
-            drafted = (i // (G + 1)) % (G + 1)
-            width = (i // ((G + 1) * (G + 1))) % W + 1
-            cls = policy.CLASSES[i // (W * (G + 1) * (G + 1))]
-            cells.setdefault((cls, width), []).append((drafted, accepted, a - b))
-        for (cls, width), counts in cells.items():
-            self.stats[cls].record_batch(width, counts)
+        # (class, width) -> [[(drafted, accepted, count)], [prefixes: (length, accepted, count)]]
+        cells: dict = {}
+        for (cls, width, length, accepted, real), n in self._cells(
+                [a - b for a, b in zip(now, self._hist_read)]):
+            cells.setdefault((cls, width), ([], []))[1 - real].append((length, accepted, n))
+        for (cls, width), (drafts, prefixes) in cells.items():
+            self.stats[cls].record_batch(width, drafts, prefixes)
         self._hist_read = now
 
     def verified(self) -> tuple[int, int]:
         """(drafts verified, draft tokens accepted) since start, from the sampler's counts."""
-        G = self.cfg.num_speculative_tokens
         drafts = accepted = 0
-        for i, count in enumerate(self._hist_read):
-            if count and (i // (G + 1)) % (G + 1) > 0:  # drafted length > 0
-                drafts += count
-                accepted += count * (i % (G + 1))
+        for (_, _, length, k, real), n in self._cells(self._hist_read):
+            if real and length > 0:
+                drafts += n
+                accepted += n * k
         return drafts, accepted
 
     # --- the decision ---------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 from vllm_mtad.core.acceptance import (AcceptanceResult, DenseTarget, TargetView,
                                        accepted_lengths, accepted_lengths_from, assemble_output,
-                                       extra_tokens, extra_tokens_from, mtad_accept)
+                                       extra_tokens, extra_tokens_from, mtad_accept,
+                                       prefix_accepted_lengths_from)
 from vllm_mtad.core.beam import BeamState, beam_step, best_beam, keep_rows
 from vllm_mtad.core.processing import (CandidatePlan, Candidates, draft_candidates, is_greedy,
                                        plan_candidates, processed_logprobs)
@@ -11,6 +12,6 @@ __all__ = [
     "AcceptanceResult", "BeamState", "CandidatePlan", "Candidates", "DenseTarget", "TargetView",
     "accepted_lengths", "accepted_lengths_from", "assemble_output", "beam_step", "best_beam",
     "draft_candidates", "extra_tokens", "extra_tokens_from", "is_greedy", "keep_rows",
-    "mtad_accept",
+    "mtad_accept", "prefix_accepted_lengths_from",
     "plan_candidates", "processed_logprobs",
 ]

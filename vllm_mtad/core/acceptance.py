@@ -43,6 +43,10 @@ class AcceptanceResult:
     output_token_ids: torch.Tensor
     # [B] int64: k*, the number of accepted draft tokens.
     num_accepted: torch.Tensor
+    # [B, γ] int64: column g-1 holds k* of the draft's first g tokens alone (what a draft of
+    # length g would have had accepted); the last column is num_accepted. For the speculation
+    # policy's acceptance statistics (vllm_mtad.core.policy.AcceptanceStats).
+    prefix_accepted: torch.Tensor | None = None
 
 
 class TargetView(Protocol):
@@ -89,7 +93,29 @@ def accepted_lengths_from(
     threshold: torch.Tensor,
     greedy_exact: torch.Tensor,
 ) -> torch.Tensor:
-    """k* for every row: the rule itself.
+    """k* for every row: the rule itself ([B] int64; the arguments are
+    :func:`prefix_accepted_lengths_from`'s)."""
+    return prefix_accepted_lengths_from(draft_token_ids, draft_logprobs, target_draft_logprobs,
+                                        target_argmax, threshold, greedy_exact)[:, -1]
+
+
+def prefix_accepted_lengths_from(
+    draft_token_ids: torch.Tensor,
+    draft_logprobs: torch.Tensor,
+    target_draft_logprobs: torch.Tensor,
+    target_argmax: torch.Tensor,
+    threshold: torch.Tensor,
+    greedy_exact: torch.Tensor,
+) -> torch.Tensor:
+    """k* of every prefix of every row's draft: column g-1 is the rule applied to the first g
+    draft tokens alone, the last column is the row's k*.
+
+    Why every prefix: k* is the *largest* passing k, so a draft's first g tokens can be
+    accepted in a longer draft (S_k passes at some k > g after S_g failed) and not in a draft
+    of length g. How many tokens a draft of length g gets accepted is therefore not "min(k*,
+    g)" of longer drafts, and a policy choosing the draft length must count each length's own
+    (measured on the real pair at T=1: W=1 drafts of 3 tokens were expected 2.56 accepted
+    tokens from the pooled counts of 3- and 4-token drafts and had 2.45).
 
     Args:
         draft_token_ids: [B, γ] int, -1 = invalid position (ends the chain).
@@ -99,7 +125,7 @@ def accepted_lengths_from(
         threshold: [B] float, τ in (0, 1].
         greedy_exact: [B] bool, rows accepted by "draft token == target argmax" instead.
     Returns:
-        [B] int64.
+        [B, γ] int64.
     """
     B, gamma = draft_token_ids.shape
     assert draft_logprobs.shape == target_draft_logprobs.shape == target_argmax.shape == (B, gamma)
@@ -115,13 +141,13 @@ def accepted_lengths_from(
     cum = ratio.cumsum(dim=1)  # [B, γ]: S_1..S_γ; -inf sticks once reached
     passes = cum >= torch.log(threshold.to(torch.float32))[:, None]
     ks = torch.arange(1, gamma + 1, device=passes.device)
-    joint_k = (passes.to(torch.int64) * ks).amax(dim=1)
+    joint_k = torch.cummax(passes.to(torch.int64) * ks, dim=1).values  # largest passing k <= g
 
-    # Exact greedy rule: accept while draft == target argmax.
+    # Exact greedy rule: accept while draft == target argmax (min(k*, g) for a prefix of g).
     match = chain & (target_argmax == draft_token_ids)
-    exact_k = match.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    exact_k = match.to(torch.int64).cumprod(dim=1).cumsum(dim=1)
 
-    return torch.where(greedy_exact, exact_k, joint_k)
+    return torch.where(greedy_exact[:, None], exact_k, joint_k)
 
 
 def accepted_lengths(
@@ -232,15 +258,16 @@ def mtad_accept(
     gamma = draft_token_ids.shape[1]
     exact = greedy & greedy_exact
     target_lp, target_argmax = target.at_drafts(draft_token_ids)
-    k = accepted_lengths_from(draft_token_ids, draft_logprobs, target_lp, target_argmax,
-                              threshold, exact)
+    prefix_k = prefix_accepted_lengths_from(draft_token_ids, draft_logprobs, target_lp,
+                                            target_argmax, threshold, exact)
+    k = prefix_k[:, -1]
     at = k if bonus_token_ids is None else k.clamp(max=gamma - 1)
     extra = extra_tokens_from(target.candidates_at(at), greedy, seeds, positions + at,
                               any_sampled)
     if bonus_token_ids is not None:
         extra = torch.where(k >= num_drafts, bonus_token_ids.to(extra.dtype), extra)
     return AcceptanceResult(output_token_ids=assemble_output(draft_token_ids, k, extra),
-                            num_accepted=k)
+                            num_accepted=k, prefix_accepted=prefix_k)
 
 
 def assemble_output(draft_token_ids: torch.Tensor, num_accepted: torch.Tensor,

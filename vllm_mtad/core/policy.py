@@ -41,9 +41,10 @@ after steps without drafting) as in the prefill chunk.
 ``verify``, ``first_pass`` and ``beam_step`` are linear cost models (:class:`LinearCost`,
 seconds as a function of tokens or rows; the target's and the first pass's with separate
 slopes for decode and prefill tokens) fitted online from this engine's own step timings;
-E[accepted] comes from acceptance counts kept per request class and W
-(:class:`AcceptanceStats`): E[accepted | W, γ] = Σ_{i ≤ γ} P(accepted ≥ i | W), estimated from
-every verified draft of length ≥ i. γ = 0 means the step drafts nothing: no draft forward at
+E[accepted] comes from acceptance counts kept per request class, W and draft length
+(:class:`AcceptanceStats`): E[accepted | W, γ] = Σ_{i ≤ γ} P(accepted ≥ i | W, γ), estimated
+from every verified draft of length ≥ γ (a longer draft's first γ tokens, with what MTAD's rule
+accepts of them alone). γ = 0 means the step drafts nothing: no draft forward at
 all (the request's draft KV catches up when it next drafts), and each request gets one token
 sampled from the target.
 
@@ -191,77 +192,126 @@ def _solve(a: list, b: list) -> list:
 
 @dataclass
 class AcceptanceStats:
-    """Per beam width: how often a verified draft had at least i tokens accepted, among drafts
-    of length >= i (i = 1..max_tokens), with exponential forgetting per recorded draft.
+    """Per beam width W and draft length g: how often a draft of g tokens had at least i of
+    them accepted (i = 1..g), with exponential forgetting per recorded draft.
 
-    Estimates use a prior: the same position pooled over all widths, itself shrunk towards
-    ``prior_rate ** i`` (``prior_weight`` pseudo-drafts each), so a width never tried reads as
-    the others do and a fresh engine reads as a moderately good draft."""
+    Per length, because MTAD accepts the *largest* passing prefix: a longer draft can have its
+    first g tokens accepted where a draft of g tokens would not (the joint ratio passes again
+    after a failure), so "accepted >= i" pooled over drafts of any length overprices the short
+    drafts, and the policy, choosing the arm priced best, chose them for it. Every verified
+    draft also counts as a draft of each shorter length, with what the rule accepts of those
+    tokens alone (the sampler's prefix_accepted; without it, min(accepted, g), which is exact
+    under "exact" acceptance and an upper bound otherwise). For one beam that is a draft of
+    that length (a sampled chain's first g tokens are drawn as a g-token chain); with beams it
+    approximates one (the beam kept is chosen on all the draft's tokens).
+
+    Estimates use a prior: the same (length, position) pooled over all widths, itself shrunk
+    (``prior_weight`` pseudo-drafts each) towards the next shorter length's estimate at that
+    position (at most what a longer draft gets accepted there), and at the new last position
+    towards the shorter length's last one times ``prior_rate`` (on a fresh engine
+    ``prior_rate ** i``): a width never tried reads as the others do, a length never drafted
+    as the shorter ones, and a fresh engine as a moderately good draft."""
 
     beam_width: int
     max_tokens: int
     decay: float = 0.995
     prior_rate: float = 0.7
     prior_weight: float = 4.0
-    # [W][i-1]: decayed counts of drafts with length >= i, and of those with accepted >= i.
+    # [W][g-1]: decayed counts of drafts of length g; [W][g-1][i-1]: of those, accepted >= i.
     drafted: list = field(default_factory=list)
     passed: list = field(default_factory=list)
     drafts: int = 0
+    _rates: list | None = None  # [W][g-1][i-1] estimates, recomputed after a record
 
     def __post_init__(self) -> None:
-        self.drafted = [[0.0] * self.max_tokens for _ in range(self.beam_width)]
-        self.passed = [[0.0] * self.max_tokens for _ in range(self.beam_width)]
+        G = self.max_tokens
+        self.drafted = [[0.0] * G for _ in range(self.beam_width)]
+        self.passed = [[[0.0] * g for g in range(1, G + 1)] for _ in range(self.beam_width)]
 
     def record(self, width: int, num_drafted: int, num_accepted: int, count: int = 1) -> None:
         """``count`` drafts of ``num_drafted`` tokens by ``width`` beams, each with
-        ``num_accepted`` accepted."""
+        ``num_accepted`` accepted (their shorter prefixes: min(num_accepted, g))."""
         self.record_batch(width, [(num_drafted, num_accepted, count)])
 
-    def record_batch(self, width: int, cells) -> None:
+    def record_batch(self, width: int, cells, prefix_cells=None) -> None:
         """Drafts by ``width`` beams verified in one window, as (drafted, accepted, count)
-        cells: the older counts decay once by their total, and every new draft weighs the
-        same. (Recording the cells one after another would decay the first ones by the
-        later ones' counts: a histogram read in order of acceptance, after many steps, then
-        reads as far more optimistic than its mean; measured on the real pair, 3.74 accepted
-        tokens expected where 173 drafts had 3.49.)"""
-        cells = [(d, a, n) for d, a, n in cells if d > 0 and n > 0]
-        if not cells:
+        cells, and ``prefix_cells``: the same drafts' shorter prefixes, as (length, accepted
+        by the rule on those tokens alone, count), one per draft and length below its own
+        (None: derived from ``cells`` as min(accepted, length)). Each length's older counts
+        decay once by its new drafts' total, and every new draft weighs the same. (Recording
+        the cells one after another would decay the first ones by the later ones' counts: a
+        histogram read in order of acceptance, after many steps, then reads as far more
+        optimistic than its mean; measured on the real pair, 3.74 accepted tokens expected
+        where 173 drafts had 3.49.)"""
+        G = self.max_tokens
+        cells = [(min(d, G), min(a, d, G), n) for d, a, n in cells if d > 0 and n > 0]
+        if prefix_cells is None:
+            prefix_cells = [(g, min(a, g), n) for d, a, n in cells for g in range(1, d)]
+        entries = cells + [(min(g, G), min(a, g, G), n) for g, a, n in prefix_cells
+                           if 0 < g and n > 0]
+        if not entries:
             return
         w = min(max(width, 1), self.beam_width) - 1
-        keep = self.decay ** sum(n for _, _, n in cells)
-        for row in (self.drafted[w], self.passed[w]):
-            for i in range(self.max_tokens):
-                row[i] *= keep
-        for num_drafted, num_accepted, count in cells:
-            for i in range(min(num_drafted, self.max_tokens)):
-                self.drafted[w][i] += count
-                if num_accepted > i:
-                    self.passed[w][i] += count
-            self.drafts += count
+        new = [0] * G
+        for g, _, n in entries:
+            new[g - 1] += n
+        for g in range(1, G + 1):
+            if new[g - 1]:
+                keep = self.decay ** new[g - 1]
+                self.drafted[w][g - 1] *= keep
+                row = self.passed[w][g - 1]
+                for i in range(g):
+                    row[i] *= keep
+        for g, a, n in entries:
+            self.drafted[w][g - 1] += n
+            row = self.passed[w][g - 1]
+            for i in range(a):
+                row[i] += n
+        self.drafts += sum(n for _, _, n in cells)
+        self._rates = None
 
-    def pass_rate(self, width: int, position: int) -> float:
-        """P(accepted >= position | drafted >= position, width)."""
-        i = position - 1
-        pooled_n = sum(self.drafted[w][i] for w in range(self.beam_width))
-        pooled_a = sum(self.passed[w][i] for w in range(self.beam_width))
-        k = self.prior_weight
-        pooled = (pooled_a + k * self.prior_rate ** position) / (pooled_n + k)
+    def _estimates(self) -> list:
+        """[W][g-1][i-1]: P(accepted >= i | a draft of g tokens by W beams), shrunk as the
+        class docstring says; cached until the next record."""
+        if self._rates is not None:
+            return self._rates
+        G, k, widths = self.max_tokens, self.prior_weight, range(self.beam_width)
+        rates = [[None] * G for _ in widths]
+        shorter = []  # the pooled estimates of length g - 1
+        for g in range(1, G + 1):
+            base = shorter + [(shorter[-1] if shorter else 1.0) * self.prior_rate]
+            n = sum(self.drafted[w][g - 1] for w in widths)
+            pooled = [(sum(self.passed[w][g - 1][i] for w in widths) + k * base[i]) / (n + k)
+                      for i in range(g)]
+            for w in widths:
+                rates[w][g - 1] = [(self.passed[w][g - 1][i] + k * pooled[i])
+                                   / (self.drafted[w][g - 1] + k) for i in range(g)]
+            shorter = pooled
+        self._rates = rates
+        return rates
+
+    def pass_rate(self, width: int, num_tokens: int, position: int) -> float:
+        """P(accepted >= position | a draft of num_tokens tokens by width beams)."""
         w = min(max(width, 1), self.beam_width) - 1
-        return (self.passed[w][i] + k * pooled) / (self.drafted[w][i] + k)
+        return self._estimates()[w][min(num_tokens, self.max_tokens) - 1][position - 1]
 
     def expected_accepted(self, width: int, num_tokens: int, confidence: float = 0.0) -> float:
         """E[accepted tokens] of a draft of ``num_tokens`` by ``width`` beams; with
         ``confidence`` c > 0, c standard errors below it (a pessimistic estimate: each
-        position's rate counts its own drafts and the prior's weight, and the positions' errors
-        add as if independent), never below 0."""
+        position's rate counts the drafts of this length and the prior's weight, and the
+        positions' errors add as if independent), never below 0."""
+        g = min(num_tokens, self.max_tokens)
+        if g <= 0:
+            return 0.0
         w = min(max(width, 1), self.beam_width) - 1
+        rates = self._estimates()[w][g - 1]
+        n = self.drafted[w][g - 1] + self.prior_weight
         total, envelope, variance = 0.0, 1.0, 0.0
-        for i in range(1, min(num_tokens, self.max_tokens) + 1):
-            r = self.pass_rate(width, i)
+        for r in rates:
             # P(accepted >= i) cannot grow with i: a prefix-monotone envelope of the estimates.
             envelope = min(envelope, r)
             total += envelope
-            variance += r * (1.0 - r) / (self.drafted[w][i - 1] + self.prior_weight)
+            variance += r * (1.0 - r) / n
         return max(0.0, total - confidence * variance ** 0.5) if confidence else total
 
 
