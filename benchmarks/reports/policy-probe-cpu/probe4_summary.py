@@ -20,6 +20,8 @@ for e in log:
     elif e["k"] == "plan":
         r["plans"][idx[t]] = e
     elif e["k"] == "acc":
+        # accepted: k* per row, or (since f2470f5) each row's k* of every prefix (last: k*)
+        e["accepted"] = [x[-1] if isinstance(x, list) else x for x in e["accepted"]]
         r["acc"][idx[t]] = e
     elif e["k"] == "run":
         r["s"] = e["s"]
@@ -57,3 +59,19 @@ for tag in sorted(runs):
         print(f"   {k:22s} n {c['n']:3d} wall {c['wall']:6.2f}  pred step {c['pred_step']:6.2f} "
               f"+owed {c['pred_owed']:5.2f} (full {c['owed_full']:5.2f}) +prompt {c['pred_prompt']:5.2f}"
               f"  tok exp {c['exp_tok']:6.1f} real {c['real_tok']:5d}  explored {c['explore']} {arms}")
+
+# Per arm, over every MTAD run: the decode steps (no prefill chunk) where every row's verified
+# draft had the arm's length: expected against produced tokens a row.
+arm = collections.defaultdict(lambda: [0, 0.0, 0, 0])
+for tag, r in runs.items():
+    for i, p in r["plans"].items():
+        w, g = p["arm"]
+        a = r["acc"].get(i + off)
+        if (not g or p["other"] or a is None or len(a["drafted"]) != p["B"]
+                or any(d != g for d in a["drafted"])):
+            continue
+        c = arm[(w, g)]
+        c[0] += 1; c[1] += p["exp_tok"]; c[2] += sum(1 + x for x in a["accepted"]); c[3] += p["B"]
+print("arm      steps  rows  tokens a row: expected  produced")
+for (w, g), (n, e, real, rows) in sorted(arm.items()):
+    print(f"W{w} γ{g:<3d} {n:6d} {rows:5d}  {e / rows:21.2f} {real / rows:9.2f}")
