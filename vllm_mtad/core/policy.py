@@ -290,11 +290,6 @@ class AcceptanceStats:
         self._rates = rates
         return rates
 
-    def pass_rate(self, width: int, num_tokens: int, position: int) -> float:
-        """P(accepted >= position | a draft of num_tokens tokens by width beams)."""
-        w = min(max(width, 1), self.beam_width) - 1
-        return self._estimates()[w][min(num_tokens, self.max_tokens) - 1][position - 1]
-
     def expected_accepted(self, width: int, num_tokens: int, confidence: float = 0.0) -> float:
         """E[accepted tokens] of a draft of ``num_tokens`` by ``width`` beams; with
         ``confidence`` c > 0, c standard errors below it (a pessimistic estimate: each
