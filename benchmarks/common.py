@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -44,6 +45,36 @@ def environment() -> dict:
             "cpus": os.cpu_count(), "gpu": torch.cuda.get_device_name(0)
             if torch.cuda.is_available() else None,
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def code_commit() -> str:
+    """This checkout's commit ("unknown" outside a git checkout), for the record."""
+    return _git("rev-parse", "HEAD").decode().strip() or "unknown"
+
+
+def code_version(paths=("vllm_mtad", "patches", "devtools", "setup.py", "benchmarks/common.py",
+                        "benchmarks/policy_grid.py")) -> str:
+    """A hash of the code that makes a benchmark's numbers: ``paths`` (folders and files of
+    this checkout) as committed, and any uncommitted change to them ("unknown" outside a git
+    checkout). Unlike the commit it stays the same when only reports or documents are
+    committed, so that a long run can be put together from parts measured by the same code."""
+    trees = [_git("rev-parse", f"HEAD:{path}") for path in paths]
+    if not all(trees):
+        return "unknown"
+    diff = _git("diff", "HEAD", "--", *paths)
+    return hashlib.sha1(b"".join(trees) + diff).hexdigest()[:16]
+
+
+def _git(*args) -> bytes:
+    """git's output in this checkout; b"" where git fails."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True,
+                              check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return b""
 
 
 def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:

@@ -23,16 +23,27 @@ measurements at this load), then the configurations are run ``--repeats`` times,
 (forward, then backward: see run_order); each run generates ``--tokens`` tokens (ignore_eos)
 for ``batch`` HumanEval prompts submitted at once, repeated on further prompts until at least
 ``--min-prompts`` prompts have run (batch 1 would otherwise time one prompt: a handful of
-steps). Reported per cell and
+steps); with ``--arrivals queued`` the queue is ``--queue-depth`` batches deep where HumanEval
+has the prompts (half of its 164 for the timed runs, half for the warm-ups), and as many whole
+batches as it has elsewhere (batch 48: one, all submitted at once). Reported per cell and
 configuration: median tokens/s, min and max, mean acceptance length (bonus token included, from
 vLLM's per-request spec-decode metrics, so that each engine reports its own) and, for MTAD
 adaptive, the (W, γ) it chose during the timed runs and what it
 believed at the end of the cell (its fitted cost lines and acceptance estimates,
 SpeculationController.snapshot; the engine is shared by the cells, so its counters there add
 up from cell to cell). Output, rewritten after every cell and batch (a grid cut short keeps what
-it measured): policy_grid.json (machine, CPU model and flags, every run) and
+it measured): policy_grid.json (machine, CPU model and flags, the code's commit, every run) and
 policy_grid.md, plus policy_grid.png (tokens/s against batch, one panel per
 temperature) in --out.
+
+The whole grid takes longer than a working session on a 2-core CPU (about four hours), so
+``--resume`` goes on with the grid in --out: the (cell, batch) pairs it has are kept and not run
+again (--cells may name more), the others run on engines built afresh as the whole grid builds
+them (each pair warms every configuration up anew; the adaptive engine's history starts again).
+It refuses a grid measured by another version of the code (benchmarks.common.code_version: the
+package, patches and benchmark as committed and any uncommitted change to them; reports and
+documents may be committed between the parts), on another CPU, or with other settings or
+models: its numbers would not be one grid's.
 """
 
 from __future__ import annotations
@@ -43,12 +54,16 @@ import statistics
 import sys
 import time
 
-from benchmarks.common import (environment, generate_in_batches, generate_queued, markdown_table,
-                               write_outputs)
+from benchmarks.common import (code_commit, code_version, environment, generate_in_batches, generate_queued,
+                               markdown_table, write_outputs)
 from devtools.engine import build_llm, close, draft_model_spec, mtad_spec
 from devtools.models import add_model_args, resolve_pair
 
 PAPER = {"temperature": 1.0, "top_k": 10, "top_p": 0.9}
+HALF = 82  # HumanEval's 164 prompts: the first half for timed runs, the second for warm-ups
+# Settings a resumed grid must share with the one it goes on with.
+SAME_SETTINGS = ("tiny", "batches", "tokens", "repeats", "min_prompts", "arrivals",
+                 "queue_depth", "gamma", "long_gamma")
 CELLS = (("T=1", PAPER, None), ("T=1 SD greedy", PAPER, None),
          ("T=0 joint", {"temperature": 0.0}, "joint"),
          ("T=0 exact", {"temperature": 0.0}, "exact"))
@@ -84,6 +99,9 @@ def main(argv=None) -> None:
     ap.add_argument("--cells", nargs="+", default=[c[0] for c in CELLS],
                     choices=[c[0] for c in CELLS])
     ap.add_argument("--out", default="benchmarks/reports/policy-grid-cpu")
+    ap.add_argument("--resume", action="store_true",
+                    help="go on with the grid in --out (same commit and settings): the (cell, "
+                         "batch) pairs it has are kept, the others run")
     args = ap.parse_args(argv)
     from tqdm import tqdm
     from vllm import SamplingParams
@@ -94,11 +112,19 @@ def main(argv=None) -> None:
     target, draft, tiny = resolve_pair(args)
     max_batch = max(args.batches)
     depth = args.queue_depth if args.arrivals == "queued" else 1
-    per_run = max(max_batch * depth, args.min_prompts)
-    if 2 * per_run > 164:
-        ap.error(f"{2 * per_run} HumanEval prompts needed (timed and warm-up), 164 exist: "
-                 f"lower --batches or --queue-depth")
-    prompts = humaneval_prompts(2 * per_run)
+    if max(max_batch, args.min_prompts) > HALF:
+        ap.error(f"a run needs at least {max(max_batch, args.min_prompts)} HumanEval prompts "
+                 f"and has {HALF} (164, half of them for warm-ups): lower --batches or "
+                 f"--min-prompts")
+    prompts = humaneval_prompts(2 * HALF)
+    env = environment() | {"commit": code_commit(), "code_version": code_version()}
+    env["invocations"] = [env["date"]]
+    runs, cells_out, done = [], [], set()
+    if args.resume:
+        old = resumed(args, env, {"target": str(target), "draft": str(draft)}, ap.error)
+        runs, cells_out = old.get("runs", []), old.get("cells", [])
+        env["invocations"] = old["environment"].get("invocations", []) + env["invocations"]
+        done = {(c["cell"], c["batch"]) for c in cells_out}
     common = dict(dtype="float32" if tiny else "bfloat16", max_model_len=2048,
                   max_num_seqs=max_batch, max_num_batched_tokens=4096, block_size=32,
                   kv_cache_bytes=(256 << 20) if tiny else (640 << 20), disable_log_stats=False,
@@ -125,14 +151,13 @@ def main(argv=None) -> None:
             return ["target", "vllm_sd_greedy", "mtad_adaptive"]
         return ["target", "vllm_sd", *mtad_limits]
 
-    runs, cells_out, env = [], [], environment()
     table = ""
-    total = sum(len(cell_configs(c)) for c in args.cells) * len(args.batches) * (
-        1 + args.repeats)
+    total = sum(len(cell_configs(c)) * (1 + args.repeats) for c in args.cells
+                for b in args.batches if (c, b) not in done)
     bar = tqdm(total=total, desc="runs", unit="run")
     sd_name, sd_llm = None, None  # one SD engine at a time: the one this cell needs
     for cell_name, sampling, mode in CELLS:
-        if cell_name not in args.cells:
+        if cell_name not in args.cells or all((cell_name, b) in done for b in args.batches):
             continue
         configs = cell_configs(cell_name)
         wanted = "vllm_sd" if cell_name == "T=1" else "vllm_sd_greedy"  # greedy drafts at T=0
@@ -141,6 +166,8 @@ def main(argv=None) -> None:
                 close(sd_llm)  # before the build: it sets vLLM's parallel state up again
             sd_name, sd_llm = wanted, build_llm(target, sd_specs[wanted], **spec_kw)
         for batch in args.batches:
+            if (cell_name, batch) in done:
+                continue
             extra = {"greedy_acceptance": mode} if mode else None
 
             def run(config, chunk, seed):
@@ -176,8 +203,8 @@ def main(argv=None) -> None:
                         "acceptance": 1 + accepted / drafts if drafts else None,
                         "drafts": drafts, "chosen": chosen}
 
-            n = max(batch * depth, args.min_prompts)
-            warm = prompts[per_run: per_run + n]
+            n = prompts_per_run(batch, depth, args.min_prompts)
+            warm = prompts[HALF: HALF + n]
             timed = prompts[:n]
             for config in configs:  # warm-up on other prompts, untimed
                 run(config, warm, 1000)
@@ -211,6 +238,43 @@ def main(argv=None) -> None:
         close(llm)
     print(table)
     print(f"written to {args.out}", file=sys.stderr)
+
+
+def prompts_per_run(batch: int, depth: int, min_prompts: int) -> int:
+    """Prompts a run of ``batch`` requests at a time times: ``depth`` batches, or as many whole
+    batches as HALF holds (at least one), and at least ``min_prompts``."""
+    return max(batch * max(1, min(depth, HALF // batch)), min_prompts)
+
+
+def resumed(args, env: dict, pair: dict, error) -> dict:
+    """The grid in ``args.out`` to go on with (policy_grid.json's payload); ``error``
+    (argparse's) where there is none, or it was measured by another version of the code
+    (``env["code_version"]``, see benchmarks.common.code_version), on another CPU, with other settings or another model pair (``pair``:
+    the resolved target and draft directories)."""
+    import json
+
+    path = os.path.join(args.out, "policy_grid.json")
+    if not os.path.exists(path):
+        error(f"--resume: no grid to go on with at {path}")
+    with open(path) as f:
+        old = json.load(f)
+    theirs = old.get("environment", {})
+    if theirs.get("code_version") != env["code_version"] or env["code_version"] == "unknown":
+        error(f"--resume: {path} was measured by code version {theirs.get('code_version')} "
+              f"(commit {theirs.get('commit')}), this is {env['code_version']} (commit "
+              f"{env['commit']}): a grid is one version of the code's")
+    for key in ("cpu_model", "cpu_flags", "cpus", "vllm"):
+        if theirs.get(key) != env.get(key):
+            error(f"--resume: {path} was measured with {key} {theirs.get(key)}, this machine "
+                  f"has {env.get(key)}")
+    for key, value in pair.items():
+        if old.get(key) != value:
+            error(f"--resume: {path} was run with the {key} {old.get(key)}, not {value}")
+    for key in SAME_SETTINGS:
+        if old.get("args", {}).get(key) != getattr(args, key):
+            error(f"--resume: {path} was run with --{key.replace('_', '-')} "
+                  f"{old.get('args', {}).get(key)}, not {getattr(args, key)}")
+    return old
 
 
 def run_order(configs: list, repeat: int) -> list:

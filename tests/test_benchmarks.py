@@ -159,11 +159,17 @@ def test_kv_cost_beams_reserve_nothing_in_the_target_layers(tmp_path):
 @pytest.mark.system
 @pytest.mark.slow
 def test_policy_grid_on_tiny_pair(tmp_path):
-    run_module(["benchmarks.policy_grid", "--tiny", "--batches", "1", "2", "--tokens", "12",
-                "--repeats", "2", "--cells", "T=1", "T=1 SD greedy", "T=0 exact", "--out",
-                str(tmp_path / "out")],
-               tmp_path)
+    grid = ["benchmarks.policy_grid", "--tiny", "--batches", "1", "2", "--tokens", "12",
+            "--repeats", "2", "--out", str(tmp_path / "out"), "--cells", "T=1", "T=1 SD greedy"]
+    run_module(grid, tmp_path)
+    first = json.loads((tmp_path / "out" / "policy_grid.json").read_text())
+    # Resumed with one more cell: the first invocation's runs are kept, only the new cell runs.
+    run_module(grid + ["T=0 exact", "--resume"], tmp_path)
     data = json.loads((tmp_path / "out" / "policy_grid.json").read_text())
+    assert data["runs"][:len(first["runs"])] == first["runs"]
+    assert {r["cell"] for r in data["runs"][len(first["runs"]):]} == {"T=0 exact"}
+    assert len(data["environment"]["invocations"]) == 2
+    assert data["environment"]["code_version"] == first["environment"]["code_version"] != "unknown"
     assert data["environment"]["cpu_model"] and "cpu_flags" in data["environment"]
     cells = {(c["cell"], c["batch"], c["config"]): c for c in data["cells"]}
     # T=1 and T=0 exact: target, vLLM SD, MTAD fixed, adaptive (γ ≤ 4) and adaptive with γ ≤ 8;
@@ -261,6 +267,55 @@ def test_quality_grid_on_tiny_pair_resumes_and_reports(tmp_path):
     assert rows["MTAD T=1.0 τ=0.5"]["quality pass@1"] == rows["MTAD T=1.0 τ=0.5"]["pass@1"]
     assert set(data["adaptive_policy_steps"]) == {"quality", "speed"}
     assert data["environment"]["cpu_model"]
+
+
+@pytest.mark.unit
+def test_policy_grid_queue_depth_fits_the_prompts_humaneval_has():
+    from benchmarks.policy_grid import HALF, prompts_per_run
+
+    assert prompts_per_run(4, 3, 4) == 12  # queued batch 4: three batches
+    assert prompts_per_run(16, 3, 4) == 48
+    assert prompts_per_run(1, 3, 4) == 4  # at least --min-prompts
+    assert prompts_per_run(32, 3, 4) == 64  # two batches are what HumanEval's half holds
+    assert prompts_per_run(48, 3, 4) == 48  # one batch, all at once
+    assert prompts_per_run(48, 1, 4) == 48  # closed
+    assert all(prompts_per_run(b, 3, 4) <= HALF for b in range(1, HALF + 1))
+
+
+@pytest.mark.unit
+def test_policy_grid_resumes_only_the_same_code_settings_and_machine(tmp_path):
+    import argparse
+
+    from benchmarks.policy_grid import resumed
+
+    def args(**kw):
+        base = dict(out=str(tmp_path), tiny=False, batches=[1, 4], tokens=48, repeats=2,
+                    min_prompts=4, arrivals="queued", queue_depth=3, gamma=4, long_gamma=8)
+        return argparse.Namespace(**(base | kw))
+
+    def error(message):
+        raise SystemExit(message)
+
+    env = {"code_version": "abc", "commit": "c1", "cpu_model": "EPYC", "cpu_flags": ["avx2"], "cpus": 2,
+           "vllm": "0.32.0"}
+    pair = {"target": "/t", "draft": "/d"}
+    with pytest.raises(SystemExit, match="no grid to go on with"):
+        resumed(args(), env, pair, error)
+    saved = {"environment": env, "args": vars(args()), **pair, "cells": [{"cell": "T=1"}],
+             "runs": []}
+    (tmp_path / "policy_grid.json").write_text(json.dumps(saved))
+    assert resumed(args(), env, pair, error)["cells"] == [{"cell": "T=1"}]
+    assert resumed(args(), env | {"commit": "c2"}, pair, error)  # reports committed since
+    with pytest.raises(SystemExit, match="code version abc .commit c1., this is abd"):
+        resumed(args(), env | {"code_version": "abd"}, pair, error)
+    with pytest.raises(SystemExit, match="cpu_model EPYC"):
+        resumed(args(), env | {"cpu_model": "Xeon"}, pair, error)
+    with pytest.raises(SystemExit, match="--tokens 48, not 32"):
+        resumed(args(tokens=32), env, pair, error)
+    with pytest.raises(SystemExit, match="--batches"):
+        resumed(args(batches=[1, 4, 16]), env, pair, error)
+    with pytest.raises(SystemExit, match="the draft /d, not /e"):
+        resumed(args(), env, pair | {"draft": "/e"}, error)
 
 
 @pytest.mark.unit
