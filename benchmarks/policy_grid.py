@@ -37,8 +37,9 @@ policy_grid.md, plus policy_grid.png (tokens/s against batch, one panel per
 temperature) in --out.
 
 The whole grid takes longer than a working session on a 2-core CPU (about four hours), so
-``--resume`` goes on with the grid in --out: the (cell, batch) pairs it has are kept and not run
-again (--cells may name more), the others run on engines built afresh as the whole grid builds
+``--resume`` goes on with the grid in --out (or starts it: the same command, run again until
+the grid is whole): the (cell, batch) pairs it has are kept and not run again (--cells may name
+more), the others run on engines built afresh as the whole grid builds
 them (each pair warms every configuration up anew; the adaptive engine's history starts again).
 It refuses a grid measured by another version of the code (benchmarks.common.code_version: the
 package, patches and benchmark as committed and any uncommitted change to them; reports and
@@ -100,8 +101,8 @@ def main(argv=None) -> None:
                     choices=[c[0] for c in CELLS])
     ap.add_argument("--out", default="benchmarks/reports/policy-grid-cpu")
     ap.add_argument("--resume", action="store_true",
-                    help="go on with the grid in --out (same commit and settings): the (cell, "
-                         "batch) pairs it has are kept, the others run")
+                    help="go on with the grid in --out, or start it (same code, CPU and "
+                         "settings): the (cell, batch) pairs it has are kept, the others run")
     args = ap.parse_args(argv)
     from tqdm import tqdm
     from vllm import SamplingParams
@@ -122,9 +123,10 @@ def main(argv=None) -> None:
     runs, cells_out, done = [], [], set()
     if args.resume:
         old = resumed(args, env, {"target": str(target), "draft": str(draft)}, ap.error)
-        runs, cells_out = old.get("runs", []), old.get("cells", [])
-        env["invocations"] = old["environment"].get("invocations", []) + env["invocations"]
-        done = {(c["cell"], c["batch"]) for c in cells_out}
+        if old is not None:
+            runs, cells_out = old.get("runs", []), old.get("cells", [])
+            env["invocations"] = old["environment"].get("invocations", []) + env["invocations"]
+            done = {(c["cell"], c["batch"]) for c in cells_out}
     common = dict(dtype="float32" if tiny else "bfloat16", max_model_len=2048,
                   max_num_seqs=max_batch, max_num_batched_tokens=4096, block_size=32,
                   kv_cache_bytes=(256 << 20) if tiny else (640 << 20), disable_log_stats=False,
@@ -247,15 +249,15 @@ def prompts_per_run(batch: int, depth: int, min_prompts: int) -> int:
 
 
 def resumed(args, env: dict, pair: dict, error) -> dict:
-    """The grid in ``args.out`` to go on with (policy_grid.json's payload); ``error``
-    (argparse's) where there is none, or it was measured by another version of the code
+    """The grid in ``args.out`` to go on with (policy_grid.json's payload; None where there is
+    none yet); ``error`` (argparse's) where it was measured by another version of the code
     (``env["code_version"]``, see benchmarks.common.code_version), on another CPU, with other settings or another model pair (``pair``:
     the resolved target and draft directories)."""
     import json
 
     path = os.path.join(args.out, "policy_grid.json")
     if not os.path.exists(path):
-        error(f"--resume: no grid to go on with at {path}")
+        return None  # nothing to go on with: the grid starts
     with open(path) as f:
         old = json.load(f)
     theirs = old.get("environment", {})
