@@ -318,6 +318,42 @@ def test_policy_grid_resumes_only_the_same_code_settings_and_machine(tmp_path):
 
 
 @pytest.mark.unit
+def test_grid_targets_judge_each_cell_by_the_targets_that_apply():
+    from benchmarks.grid_targets import judge
+
+    def c(cell, batch, config, tok_s, lo, hi, acceptance=None):
+        return {"cell": cell, "batch": batch, "config": config, "tok_s": tok_s, "min": lo,
+                "max": hi, "acceptance": acceptance, "chosen": ""}
+
+    cells = [c("T=1", 1, "target", 7.0, 6.9, 7.1), c("T=1", 1, "vllm_sd", 9.0, 8.0, 10.0),
+             c("T=1", 1, "mtad_adaptive", 12.0, 11.5, 12.5),
+             c("T=1", 4, "target", 22.0, 21.0, 23.0), c("T=1", 4, "vllm_sd", 15.0, 14.0, 16.0),
+             c("T=1", 4, "mtad_adaptive", 21.5, 21.2, 21.8),  # below, ranges overlap
+             c("T=1 SD greedy", 4, "target", 22.8, 22.3, 23.3),
+             c("T=1 SD greedy", 4, "vllm_sd_greedy", 15.2, 15.1, 15.3),
+             c("T=1 SD greedy", 4, "mtad_adaptive", 21.8, 21.6, 21.9),  # disjoint: slower
+             c("T=0 exact", 1, "target", 7.0, 6.7, 7.3),
+             c("T=0 exact", 1, "vllm_sd", 10.4, 9.9, 11.0, 4.09),
+             c("T=0 exact", 1, "mtad_fixed", 10.9, 10.8, 11.0, 4.09),
+             c("T=0 exact", 1, "mtad_adaptive", 10.8, 10.5, 11.0, 3.90),
+             c("T=0 joint", 16, "target", 40.0, 39.0, 41.0),
+             c("T=0 joint", 16, "vllm_sd", 27.0, 26.0, 28.0),
+             c("T=0 joint", 16, "mtad_fixed", 24.0, 23.0, 25.0)]  # no adaptive: not judged
+    rows = {(r["cell"], r["batch"]): r for r in judge(cells)}
+    assert set(rows) == {("T=1", 1), ("T=1", 4), ("T=1 SD greedy", 4), ("T=0 exact", 1)}
+    assert rows[("T=1", 1)]["checks"] == {"never slower": "met", ">= 1.3x SD": "met"}
+    assert rows[("T=1", 1)]["best"] == "vllm_sd"
+    assert rows[("T=1", 4)]["checks"]["never slower"] == "within noise"
+    assert rows[("T=1 SD greedy", 4)]["checks"] == {"never slower": "NOT met",
+                                                     ">= 1.3x SD": "met"}
+    exact = rows[("T=0 exact", 1)]
+    assert exact["checks"] == {"never slower": "met", ">= SD": "met",
+                               "chain acceptance >= SD's": "met"}
+    assert exact["acceptance"] == {"adaptive": 3.90, "mtad_fixed": 4.09, "vllm_sd": 4.09}
+    assert abs(exact["vs_sd"] - 10.8 / 10.4) < 1e-12
+
+
+@pytest.mark.unit
 def test_policy_grid_order_varies_what_each_configuration_follows():
     from benchmarks.policy_grid import run_order
 
