@@ -127,6 +127,10 @@ def main(argv=None) -> None:
             runs, cells_out = old.get("runs", []), old.get("cells", [])
             env["invocations"] = old["environment"].get("invocations", []) + env["invocations"]
             done = {(c["cell"], c["batch"]) for c in cells_out}
+    if args.resume and all((c, b) in done for c in args.cells for b in args.batches):
+        print(_report(args, target, draft, cells_out, runs, env))  # whole already: no engines
+        print(f"nothing left to run in {args.out}", file=sys.stderr)
+        return
     common = dict(dtype="float32" if tiny else "bfloat16", max_model_len=2048,
                   max_num_seqs=max_batch, max_num_batched_tokens=4096, block_size=32,
                   kv_cache_bytes=(256 << 20) if tiny else (640 << 20), disable_log_stats=False,

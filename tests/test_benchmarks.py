@@ -170,6 +170,10 @@ def test_policy_grid_on_tiny_pair(tmp_path):
     assert {r["cell"] for r in data["runs"][len(first["runs"]):]} == {"T=0 exact"}
     assert len(data["environment"]["invocations"]) == 2
     assert data["environment"]["code_version"] == first["environment"]["code_version"] != "unknown"
+    # Once whole, the same command runs nothing more (and builds no engine).
+    out, err = run_module(grid + ["T=0 exact", "--resume"], tmp_path, with_stderr=True)
+    assert "nothing left to run" in err and out.startswith("| cell |")
+    assert json.loads((tmp_path / "out" / "policy_grid.json").read_text())["runs"] == data["runs"]
     assert data["environment"]["cpu_model"] and "cpu_flags" in data["environment"]
     cells = {(c["cell"], c["batch"], c["config"]): c for c in data["cells"]}
     # T=1 and T=0 exact: target, vLLM SD, MTAD fixed, adaptive (γ ≤ 4) and adaptive with γ ≤ 8;
