@@ -641,3 +641,75 @@ def test_the_no_draft_ratio_moves_a_step_at_a_time_and_ignores_stalls():
     assert r.value == pytest.approx(0.8, rel=1e-2)
     r.add(0.1, 0.0)  # no price to measure against: ignored
     assert r.samples == 22
+
+
+def test_an_anchored_line_takes_the_prior_slope_where_its_sizes_do_not_vary():
+    prior = (0.04, 0.004)
+    one = LinearCost()
+    for _ in range(20):
+        one.add(4, 0.06)  # one size: no slope of its own
+    a, b = one.anchored(prior)
+    assert b == 0.004 and a + b * 4 == pytest.approx(0.06)  # its level, the prior's slope
+    flat = LinearCost()
+    for x in [1, 4] * 10:
+        flat.add(x, 0.053)  # two sizes, the same time: its own slope, 0
+    a, b = flat.anchored(prior)
+    assert b == pytest.approx(0.0, abs=1e-9) and a == pytest.approx(0.053)
+    # Two dimensions: decode tokens vary, prefill tokens never seen (the prior's slope).
+    two = LinearCost(dims=2)
+    for x in [4, 8, 12] * 5:
+        two.add((x, 0), 0.1 + 0.005 * x)
+    a, d, p = two.anchored((0.0, 0.01, 0.002))
+    assert (a, d, p) == pytest.approx((0.1, 0.005, 0.002), rel=0.01)  # (ridge)
+
+
+def test_beam_rows_priced_at_one_batch_size_do_not_price_another():
+    """The line fitted at batch 4 (rows 4-16, 4 ms a row) after batch 1 (four rows cost what
+    one costs): back at batch 1 the policy drafts four beams again, from batch 1's own
+    samples, and batch 4 keeps its price. (One line for all: one beam at batch 1, where it is
+    slower; measured on the real pair, grid b1fc3b7.)"""
+    stats = stats_with({1: 0.75, 4: 0.85})
+    model = costs(beam=(0.05, 0.0))
+    model.beam_step = LinearCost()
+    for _ in range(20):  # batch 1: a beam step costs 53 ms at one row and at four
+        for rows in (1, 4):
+            model.add(model.beam_step, rows, 0.053, rows=1)
+    for _ in range(60):  # then batch 4: 38 ms + 4 ms a row, one beam and four
+        for rows in (4, 16):
+            model.add(model.beam_step, rows, 0.038 + 0.004 * rows, rows=4)
+    line = model.beam_step
+    assert line.predict(16) - line.predict(4) == pytest.approx(0.048, rel=0.05)
+    assert line.predict(4) - line.predict(1) > 0.009  # the line alone: beams cost at batch 1
+    assert model.predict(line, 1, 4) == pytest.approx(model.predict(line, 1, 1), abs=0.003)
+    assert model.predict(line, 1, 1) == pytest.approx(0.053, abs=0.003)
+    assert model.predict(line, 4, 16) - model.predict(line, 4, 4) == pytest.approx(0.048,
+                                                                                rel=0.05)
+    one = Batch({"sampled": 1}, first_pass_tokens=5)
+    four = Bounds(beam_width=4, max_tokens=4, min_tokens=4)  # γ = 4: the choice is W
+    assert choose(one, model, stats, four, step=1).beam_width == 4
+    alone = CostModel(verify=model.verify, first_pass=model.first_pass, beam_step=line,
+                      rest=model.rest)  # the same lines, no batch size's own samples
+    assert choose(one, alone, stats, four, step=1).beam_width == 1
+    # A batch size without samples of its own is priced by the line.
+    assert model.predict(line, 2, 8) == line.predict(8)
+
+
+def test_a_batch_sizes_samples_at_one_size_set_its_level_and_keep_the_lines_slope():
+    """Samples of one size at a batch size (the policy chose one arm there) say nothing of
+    the slope: the shared line's stands, at that batch size's own level, which a few samples
+    move part of the way (local_weight)."""
+    model = CostModel()
+    for rows in (1, 2, 4, 8, 16, 32) * 10:
+        model.add(model.beam_step, rows, 0.04 + 0.002 * rows)
+    line = model.beam_step
+    dear = 0.04 + 0.002 * 16 + 0.02  # steps at batch 16 (one beam), 20 ms dearer
+    model.add(line, 16, dear, rows=16)
+    assert line.predict(16) < model.predict(line, 16, 16) < line.predict(16) + 0.25 * (
+        dear - line.predict(16))  # one sample against local_weight (4) of the line's
+    for _ in range(100):
+        model.add(line, 16, dear, rows=16)
+    assert model.predict(line, 16, 16) == pytest.approx(dear, rel=0.05)
+    # The slope at batch 16 is the shared line's: four beams (64 rows) cost what it says more.
+    assert model.predict(line, 16, 64) - model.predict(line, 16, 16) == pytest.approx(
+        line.predict(64) - line.predict(16), rel=0.05)
+    assert line.predict(64) - line.predict(16) > 0.02
