@@ -198,7 +198,7 @@ def test_policy_grid_on_tiny_pair(tmp_path):
         assert ("policy" in c) == (config == "mtad_adaptive")
         if "policy" in c:
             assert set(c["policy"]["policy_costs"]) == {"verify", "first_pass", "beam_step",
-                                                        "rest", "no_draft", "by_batch"}
+                                                        "rest", "no_draft"}
             assert c["policy"]["policy_steps"] > 0
     # The fixed configuration drafts (4, 4) every step; exact batches draft one beam.
     assert cells[("T=1", 2, "mtad_fixed")]["chosen"].startswith("W4_g4")

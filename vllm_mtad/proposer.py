@@ -182,11 +182,11 @@ class MTADProposer(DraftModelProposer):
         # The first pass read the step's decode tokens and its prefill chunks.
         first_size = (max(first_tokens - spec.prefill_tokens, 0), spec.prefill_tokens)
         if gamma > 1:
-            spec.time_part(spec.costs.first_pass, first_size, mark, beam_mark, rows=B)
+            spec.time_part(spec.costs.first_pass, first_size, mark, beam_mark)
             spec.time_part(spec.costs.beam_step, B * (1 if chain_round else W), beam_mark,
-                           count=gamma - 1, rows=B)
+                           count=gamma - 1)
         else:
-            spec.time_part(spec.costs.first_pass, first_size, mark, rows=B)
+            spec.time_part(spec.costs.first_pass, first_size, mark)
         for req_id, w in zip(req_ids, row_widths):
             state.widths[req_id] = w
 

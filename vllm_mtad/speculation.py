@@ -109,7 +109,7 @@ class SpeculationController:
         now = self.clock.mark()
         if self._last_end is not None:
             self._pending.append((self.costs.rest, self._last_batch, self._last_end, now, 1,
-                                  False, None))
+                                  False))
             self._last_end = None
         self._step_start = now
 
@@ -117,16 +117,16 @@ class SpeculationController:
         return self.clock.mark() if self.adaptive else None
 
     def time_part(self, model: policy.LinearCost, size, start, end=None,
-                  count: int = 1, no_draft: bool = False, rows: int | None = None) -> None:
+                  count: int = 1, no_draft: bool = False) -> None:
         """One sample of ``model`` at ``size`` (a number, or a tuple for a line of several
-        sizes; ``count`` equal parts between the marks: seconds/count), measured in a step of
-        ``rows`` requests (CostModel.add; None: not a batch's forward). ``no_draft``: a
+        sizes; ``count`` equal parts between the marks: seconds/count). ``no_draft``: a
         verification of decode tokens only, without drafts: also a sample of
-        CostModel.no_draft at its size, measured against the price before it is added."""
+        CostModel.no_draft at its size, measured against the verify line's price before it is
+        added."""
         if start is None:  # not timing (fixed policy)
             return
         end = end if end is not None else self.clock.mark()
-        self._pending.append((model, size, start, end, count, no_draft, rows))
+        self._pending.append((model, size, start, end, count, no_draft))
 
     def drafting_done(self, batch_size: int) -> None:
         if not self.adaptive:
@@ -137,7 +137,7 @@ class SpeculationController:
     def _resolve(self) -> None:
         keep = []
         for item in self._pending:
-            model, size, start, end, count, no_draft, rows = item
+            model, size, start, end, count, no_draft = item
             seconds = self.clock.seconds(start, end)
             if seconds is None:
                 keep.append(item)
@@ -147,9 +147,8 @@ class SpeculationController:
                     seconds > 5 * model.predict(size) + 1e-3):  # the engine idled in between
                 continue
             if no_draft and model.samples >= 8:
-                self.costs.no_draft_ratio(size[0]).add(
-                    seconds, self.costs.predict(model, size[0], size))
-            self.costs.add(model, size, seconds, rows)
+                self.costs.no_draft_ratio(size[0]).add(seconds, model.predict(size))
+            model.add(size, model.clip(size, seconds))
         self._pending = keep
 
     def verifying(self, num_draft_tokens: int) -> None:
@@ -220,8 +219,7 @@ class SpeculationController:
             # A step that verified no drafts and read no prompt: what not drafting costs.
             self.time_part(self.costs.verify, (scheduled_tokens - prefill, prefill),
                            self._step_start,
-                           no_draft=self._verified_drafts == 0 and prefill == 0,
-                           rows=len(classes))
+                           no_draft=self._verified_drafts == 0 and prefill == 0)
             self._step_start = None
         self.steps += 1
         only_exact = all(c == "exact" for c in classes)  # they draft the argmax chain
@@ -279,10 +277,6 @@ class SpeculationController:
         # per batch size: measured / predicted seconds of steps without a draft, and how many
         coeffs["no_draft"] = {b: [round(r.value, 4), r.samples]
                               for b, r in sorted(self.costs.no_draft.items()) if r.samples}
-        # per batch size: the residual lines (CostModel.local) and their samples
-        coeffs["by_batch"] = {b: {name: [round(c, 6) for c in m.coefficients()] + [m.samples]
-                                  for name, m in lines.items()}
-                              for b, lines in sorted(self.costs.local.items())}
         drafts, accepted = self.verified()
         return {"policy": self.cfg.speculation_policy, "policy_steps": self.steps,
                 "verified_drafts": drafts, "accepted_tokens": accepted,

@@ -40,8 +40,7 @@ after steps without drafting) as in the prefill chunk.
 
 ``verify``, ``first_pass`` and ``beam_step`` are linear cost models (:class:`LinearCost`,
 seconds as a function of tokens or rows; the target's and the first pass's with separate
-slopes for decode and prefill tokens) fitted online from this engine's own step timings, each
-also fitted per batch size on what it measured there (CostModel.local);
+slopes for decode and prefill tokens) fitted online from this engine's own step timings;
 E[accepted] comes from acceptance counts kept per request class, W and draft length
 (:class:`AcceptanceStats`): E[accepted | W, γ] = Σ_{i ≤ γ} P(accepted ≥ i | W, γ), estimated
 from every verified draft of length ≥ γ (a longer draft's first γ tokens, with what MTAD's rule
@@ -98,8 +97,6 @@ class LinearCost:
     samples: int = 0
     # Largest size seen per dimension: within it a prediction interpolates (see clip()).
     _seen: list = field(default_factory=list)
-    # coefficients() and anchored() until the next sample (a decision prices ~30 arms).
-    _cached: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         d = self.dims
@@ -125,15 +122,9 @@ class LinearCost:
                 self._xx[i][j] = d * self._xx[i][j] + x[i] * x[j]
             self._seen[i] = max(self._seen[i], x[i])
         self.samples += 1
-        self._cached.clear()
 
     def coefficients(self) -> tuple:
         """(intercept, slope_1, ..., slope_dims); zeros before any sample."""
-        if None not in self._cached:
-            self._cached[None] = self._coefficients()
-        return self._cached[None]
-
-    def _coefficients(self) -> tuple:
         n = self.dims
         if self._w == 0.0:
             return (0.0,) * (n + 1)
@@ -150,41 +141,6 @@ class LinearCost:
             slopes = _nonnegative_solve(raw, [v / w for v in self._xy], ridge)
             intercept = 0.0
         return (intercept, *slopes)
-
-    def anchored(self, prior: tuple, spread: float = 0.1) -> tuple:
-        """(intercept, slopes...) of this line where its sizes vary (a size's standard
-        deviation at least ``spread`` x its mean, or x 1), and ``prior``'s slopes where they
-        do not (samples of one size say nothing of the slope): through this line's mean
-        point, so that its level is its own. Zeros before any sample."""
-        key = (tuple(prior), spread)
-        if key not in self._cached:
-            self._cached[key] = self._anchored(prior, spread)
-        return self._cached[key]
-
-    def _anchored(self, prior: tuple, spread: float) -> tuple:
-        n = self.dims
-        if self._w == 0.0:
-            return (0.0,) * (n + 1)
-        w = self._w
-        mx = [v / w for v in self._x]
-        my = self._y / w
-        cov = [[self._xx[i][j] / w - mx[i] * mx[j] for j in range(n)] for i in range(n)]
-        cxy = [self._xy[i] / w - mx[i] * my for i in range(n)]
-        slopes = list(prior[1:])
-        free = [i for i in range(n) if cov[i][i] >= (spread * max(mx[i], 1.0)) ** 2]
-        if free:
-            rhs = [cxy[i] - sum(cov[i][j] * slopes[j] for j in range(n) if j not in free)
-                   for i in free]
-            sol = _nonnegative_solve([[cov[i][j] for j in free] for i in free], rhs,
-                                     [self.ridge * max(mx[i] ** 2, 1.0) for i in free])
-            for i, v in zip(free, sol):
-                slopes[i] = v
-        return (max(0.0, my - sum(s * m for s, m in zip(slopes, mx))), *slopes)
-
-    @property
-    def weight(self) -> float:
-        """The samples' total weight after forgetting (at most 1 / (1 - decay))."""
-        return self._w
 
     def predict(self, size) -> float:
         a, *slopes = self.coefficients()
@@ -495,64 +451,16 @@ class CostModel:
     tokens, the one fitted at batch 4 0.077 s + 7.5 ms a token (0.084 s at one token), and
     one ratio for every size (six samples from a run at batch 1 and 4, 1.25 then 1.40)
     priced every step without a draft at 1.4x its line, at batch 4 too. Exploration steps
-    without a draft (see :func:`choose`) measure it while the policy drafts.
-
-    ``local``: per batch size B, a line of its own for each of verify, first_pass and
-    beam_step, fitted on the samples measured at B. A forward's cost is not one line across
-    batch sizes: beam rows are free while a forward is bound by reading weights and cost
-    linearly past that, so a line fitted at batch 4 (rows 4 to 16) prices a batch-1 beam at
-    its batch-4 slope. (Measured on the real pair in one grid, b1fc3b7: after batch 4 the
-    beam-step line was 0.053 s + 2.9 ms a row, and back at batch 1 the policy drafted one beam,
-    3.61–3.90 tokens a step at 0.42 s, where the same engine fresh had drafted four, 4.39 at
-    0.39 s: 8.7 tok/s against 11.2.) B's own line takes the shared line's slope for a size it
-    has measured at one value only (LinearCost.anchored: the policy chose one arm there), its
-    own level always, and weighs ``local_weight`` samples' worth of the shared line's price
-    (a batch size with a few samples moves the price part of the way); a batch size without
-    samples is priced by the shared line."""
+    without a draft (see :func:`choose`) measure it while the policy drafts."""
 
     verify: LinearCost = field(default_factory=lambda: LinearCost(dims=2))
     first_pass: LinearCost = field(default_factory=lambda: LinearCost(dims=2))
     beam_step: LinearCost = field(default_factory=LinearCost)  # by draft rows (B·W)
     rest: LinearCost = field(default_factory=LinearCost)  # bookkeeping, scheduling: by rows
     no_draft: dict = field(default_factory=dict)  # B -> Ratio
-    local: dict = field(default_factory=dict)  # B -> {"verify" | ...: LinearCost at B}
-    local_weight: float = 4.0
-
-    LOCAL = ("verify", "first_pass", "beam_step")
 
     def no_draft_ratio(self, rows: int) -> Ratio:
         return self.no_draft.setdefault(int(rows), Ratio())
-
-    def predict(self, line: LinearCost, rows: int, size) -> float:
-        """``line``'s price at ``size`` for a batch of ``rows`` requests: B's own line
-        (``local``), weighed against the shared line's price."""
-        seconds = line.predict(size)
-        own = self.local.get(int(rows), {}).get(self._name(line))
-        if own is None or own.samples == 0:
-            return seconds
-        a, *slopes = own.anchored(line.coefficients())
-        mine = a + sum(s * x for s, x in zip(slopes, own._vec(size)))
-        return (own.weight * mine + self.local_weight * seconds) / (
-            own.weight + self.local_weight)
-
-    def add(self, line: LinearCost, size, seconds: float, rows: int | None = None) -> None:
-        """A sample of ``line``: ``seconds`` at ``size`` (clipped: LinearCost.clip), measured
-        at a batch of ``rows`` requests (None: no batch's own, e.g. a catch-up pass), which
-        B's own line (``local``) takes too."""
-        seconds = line.clip(size, seconds)
-        name = self._name(line)
-        if rows is not None and name in self.LOCAL:
-            own = self.local.setdefault(int(rows), {})
-            if name not in own:
-                own[name] = LinearCost(dims=line.dims, decay=line.decay, ridge=line.ridge)
-            own[name].add(size, seconds)
-        line.add(size, seconds)
-
-    def _name(self, line: LinearCost) -> str | None:
-        for name in self.LOCAL:
-            if getattr(self, name) is line:
-                return name
-        return None
 
     def ready(self, min_samples: int, max_tokens: int) -> bool:
         parts = [self.verify, self.first_pass] + ([self.beam_step] if max_tokens > 1 else [])
@@ -590,12 +498,12 @@ class CostModel:
         B = batch.size
         t = self.rest.predict(B)
         if num_tokens == 0:
-            return t + self.predict(self.verify, B, B) * self.no_draft_ratio(B).value
-        t += self.predict(self.verify, B, B * (1 + num_tokens))
+            return t + self.verify.predict(B) * self.no_draft_ratio(B).value
+        t += self.verify.predict(B * (1 + num_tokens))
         first = batch.first_pass_tokens
         first = B * (1 + num_tokens) if first is None else max(first - batch.other_tokens, B)
-        t += self.predict(self.first_pass, B, first)
-        t += (num_tokens - 1) * self.predict(self.beam_step, B, B * width)
+        t += self.first_pass.predict(first)
+        t += (num_tokens - 1) * self.beam_step.predict(B * width)
         return t + owed_share * self.owed_time(batch)
 
 
