@@ -458,6 +458,37 @@ def test_speculation_controller_splits_a_steps_input_into_decode_and_prefill_tok
     assert spec.costs.verify.samples == 4 and spec.costs.rest.samples == 0
 
 
+def test_forced_plans_cycle_from_their_start_and_the_policys_step_count_goes_on():
+    """force_plans restarts its own cycle, not the policy's step count: the exploration
+    schedule (one step in explore_period) goes on across benchmark runs as in a server."""
+    import torch
+
+    from vllm_mtad.config import MTADConfig
+    from vllm_mtad.speculation import SpeculationController, force_plans
+
+    spec = SpeculationController(
+        MTADConfig(num_speculative_tokens=4, speculation_policy="adaptive"), torch.device("cpu"))
+    worker = type("W", (), {"model_runner": type("R", (), {
+        "drafter": type("D", (), {"speculation": spec})})})
+
+    def plans(n):
+        out = []
+        for _ in range(n):
+            spec.on_step_start()
+            spec.verifying(0)
+            p = spec.plan(["sampled"] * 2, scheduled_tokens=2)
+            out.append((p.beam_width, p.num_tokens))
+        return out
+
+    force_plans([(1, 2), (4, 3), (2, 1)])(worker)
+    assert plans(4) == [(1, 2), (4, 3), (2, 1), (1, 2)]
+    force_plans([(1, 2), (4, 3), (2, 1)])(worker)  # again: from the cycle's start
+    assert plans(2) == [(1, 2), (4, 3)]
+    force_plans(None)(worker)
+    plans(3)
+    assert spec.steps == 9 == sum(spec.chosen.values())
+
+
 def test_only_steps_that_verify_no_drafts_and_read_no_prompt_price_not_drafting():
     """CostModel.no_draft is fed from steps whose target input held one token a row and
     nothing else, measured against the verify line's price before the sample joins the line;

@@ -79,6 +79,7 @@ class SpeculationController:
         self.clock = StepClock(device)
         self.device = device
         self.steps = 0
+        self._forced_step = 0  # the next entry of ``forced``
         self.chosen: Counter = Counter()  # "W{w}_g{g}" -> steps
         self.explored = 0
         self.catch_up_tokens = 0
@@ -226,7 +227,8 @@ class SpeculationController:
         if self.adaptive:  # timings are taken under forced plans too: fit them as they come
             self._resolve()
         if self.forced and not fixed:
-            w, g = self.forced[(self.steps - 1) % len(self.forced)]
+            w, g = self.forced[self._forced_step % len(self.forced)]
+            self._forced_step += 1
             plan = policy.Plan(1 if only_exact else w, g)
         elif self.adaptive and not fixed:
             if self.steps % self.stats_period == 0:
@@ -316,12 +318,16 @@ def of_worker(worker) -> SpeculationController | None:
 
 def force_plans(plans):
     """For ``LLM.collective_rpc(force_plans(...))``: make every MTAD runner cycle through
-    ``plans`` ([(W, γ), ...]; None: back to the policy) from its next step."""
+    ``plans`` ([(W, γ), ...]; None: back to the policy) from its next step, from the cycle's
+    start. The policy's step count goes on: its exploration schedule (policy.choose: one step
+    in explore_period, cycling through the other arms) is the one a server's engine follows.
+    (Reset here, it restarted at every benchmark run, and runs of ~50 steps at batch 1 never
+    reached its fourth arm: W = beam_width, γ = max; measured in grid b1fc3b7.)"""
     def apply(worker):
         speculation = of_worker(worker)
         if speculation is not None:
             speculation.forced = None if plans is None else [tuple(p) for p in plans]
-            speculation.steps = 0
+            speculation._forced_step = 0
     return apply
 
 
