@@ -35,7 +35,14 @@ def choose(batch, costs, stats, bounds, step, **kw):
                 "prompt_s": costs.prompt_time(batch, tok) if g else 0.0,
                 "reading_s": costs.reading_time(batch) if g else 0.0,
                 "arms": {f"W{a}g{b}": P.goodput(batch, costs, stats, a, b, confidence=1.0)
-                         for a, b in P.arms(bounds, batch)}})
+                         for a, b in P.arms(bounds, batch)},
+                # each arm's expected tokens (confidence 1, as chosen; and the point estimate)
+                # and predicted seconds without what the draft owes
+                "arm_tok": {f"W{a}g{b}": [P.expected_tokens(batch, stats, a, b, 1.0),
+                                          P.expected_tokens(batch, stats, a, b)]
+                            for a, b in P.arms(bounds, batch)},
+                "arm_s": {f"W{a}g{b}": costs.step_time(batch, a, b, 0.0)
+                          for a, b in P.arms(bounds, batch)}})
     return plan
 P.choose = choose
 
