@@ -1,6 +1,6 @@
 """The policy grid against issue 19's targets: one line per (cell, batch) of a policy_grid.json.
 
-    python -m benchmarks.grid_targets benchmarks/reports/policy-grid-cpu/grid-8f9aa39
+    python -m benchmarks.grid_targets benchmarks/reports/policy-grid-cpu/grid-b1fc3b7
 
 Per cell and batch: the target alone's, vLLM SD's and MTAD adaptive's (the default) median
 tok/s with [min, max]; adaptive over the best of the other two; adaptive over vLLM SD; and the

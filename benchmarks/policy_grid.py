@@ -42,9 +42,9 @@ the grid is whole): the (cell, batch) pairs it has are kept and not run again (-
 more), the others run on engines built afresh as the whole grid builds
 them (each pair warms every configuration up anew; the adaptive engine's history starts again).
 It refuses a grid measured by another version of the code (benchmarks.common.code_version: the
-package, patches and benchmark as committed and any uncommitted change to them; reports and
-documents may be committed between the parts), on another CPU, or with other settings or
-models: its numbers would not be one grid's.
+package, patches, devtools and benchmark as committed, and any uncommitted change to them;
+reports and documents may be committed between the parts), on another CPU, or with other
+settings or models: its numbers would not be one grid's.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ import statistics
 import sys
 import time
 
-from benchmarks.common import (code_commit, code_version, environment, generate_in_batches, generate_queued,
-                               markdown_table, write_outputs)
+from benchmarks.common import (code_commit, code_version, environment, generate_in_batches,
+                               generate_queued, markdown_table, write_outputs)
 from devtools.engine import build_llm, close, draft_model_spec, mtad_spec
 from devtools.models import add_model_args, resolve_pair
 
@@ -252,11 +252,11 @@ def prompts_per_run(batch: int, depth: int, min_prompts: int) -> int:
     return max(batch * max(1, min(depth, HALF // batch)), min_prompts)
 
 
-def resumed(args, env: dict, pair: dict, error) -> dict:
+def resumed(args, env: dict, pair: dict, error) -> dict | None:
     """The grid in ``args.out`` to go on with (policy_grid.json's payload; None where there is
     none yet); ``error`` (argparse's) where it was measured by another version of the code
-    (``env["code_version"]``, see benchmarks.common.code_version), on another CPU, with other settings or another model pair (``pair``:
-    the resolved target and draft directories)."""
+    (``env["code_version"]``, see benchmarks.common.code_version), on another CPU, with other
+    settings or another model pair (``pair``: the resolved target and draft directories)."""
     import json
 
     path = os.path.join(args.out, "policy_grid.json")

@@ -169,7 +169,8 @@ def test_policy_grid_on_tiny_pair(tmp_path):
     assert data["runs"][:len(first["runs"])] == first["runs"]
     assert {r["cell"] for r in data["runs"][len(first["runs"]):]} == {"T=0 exact"}
     assert len(data["environment"]["invocations"]) == 2
-    assert data["environment"]["code_version"] == first["environment"]["code_version"] != "unknown"
+    version = data["environment"]["code_version"]
+    assert version == first["environment"]["code_version"] != "unknown"
     # Once whole, the same command runs nothing more (and builds no engine).
     out, err = run_module(grid + ["T=0 exact", "--resume"], tmp_path, with_stderr=True)
     assert "nothing left to run" in err and out.startswith("| cell |")
@@ -300,8 +301,8 @@ def test_policy_grid_resumes_only_the_same_code_settings_and_machine(tmp_path):
     def error(message):
         raise SystemExit(message)
 
-    env = {"code_version": "abc", "commit": "c1", "cpu_model": "EPYC", "cpu_flags": ["avx2"], "cpus": 2,
-           "vllm": "0.32.0"}
+    env = {"code_version": "abc", "commit": "c1", "cpu_model": "EPYC", "cpu_flags": ["avx2"],
+           "cpus": 2, "vllm": "0.32.0"}
     pair = {"target": "/t", "draft": "/d"}
     assert resumed(args(), env, pair, error) is None  # none yet: the grid starts
     saved = {"environment": env, "args": vars(args()), **pair, "cells": [{"cell": "T=1"}],
