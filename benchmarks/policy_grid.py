@@ -5,36 +5,43 @@ MTAD (fixed W=4, γ=4 against the adaptive policy) by batch size and temperature
     python -m benchmarks.policy_grid --batches 1 4 16 48      # the whole grid
     python -m benchmarks.policy_grid --tiny --batches 1 2 --tokens 16   # a minute (tests)
 
-Engines (in-process, all alive during a cell; three, since four real-pair engines do not fit
-in 24 GiB): the target alone; vLLM ``draft_model`` with probabilistic draft tokens at T=1
-("vllm_sd") or with greedy drafts (cell "T=1 SD greedy": the target, it and MTAD adaptive;
-at T=0 "vllm_sd" drafts greedily); MTAD with
-``speculation_policy: "adaptive"`` and num_speculative_tokens = max(--gamma, --long-gamma).
-The MTAD engine runs every MTAD configuration: "mtad_fixed" is the engine with every step forced
-to (W=4, γ=--gamma) (vllm_mtad.speculation.force_plans; exact-greedy batches use one beam, as
-the fixed policy does), "mtad_adaptive" lets the policy choose with γ ≤ --gamma and
-"mtad_adaptive_g8" with γ ≤ --long-gamma (vllm_mtad.speculation.limit_plans). So the MTAD
-configurations differ in the choice alone, and share the policy's measurements.
+Engines (in-process, all alive during a cell; three, since four real-pair engines do not fit in
+24 GiB): the target alone; vLLM ``draft_model`` with probabilistic draft tokens at T=1
+("vllm_sd") or with greedy drafts (cell "T=1 SD greedy": the target, it and MTAD adaptive; at
+T=0 "vllm_sd" drafts greedily); MTAD with ``speculation_policy: "adaptive"`` and
+num_speculative_tokens = max(--gamma, --long-gamma). With ``--instances repeat`` (the default)
+every repeat of a (cell, batch) pair runs on engines built afresh for it (in an order turned
+round from one repeat to the next) and warmed up anew: two engines of the same model built in
+one process ran their decode steps up to ~10 % apart for their whole lives
+(benchmarks/reports/policy-probe-cpu, "Batch 48, T=1"), so a configuration measured on one
+instance carries its instance's speed into every repeat, and [min, max] would not show it.
+``--instances grid`` keeps one engine per configuration for the whole invocation (the adaptive
+engine then carries its history from cell to cell, as a server's would). The MTAD engine runs
+every MTAD configuration: "mtad_fixed" is the engine with every step forced to (W=4, γ=--gamma)
+(vllm_mtad.speculation.force_plans; exact-greedy batches use one beam, as the fixed policy
+does), "mtad_adaptive" lets the policy choose with γ ≤ --gamma and "mtad_adaptive_g8" with γ ≤
+--long-gamma (vllm_mtad.speculation.limit_plans). So the MTAD configurations differ in the
+choice alone, and share the policy's measurements.
 
-Cells: batch size x {T=1 (top-k 10, top-p 0.9), T=1 with vLLM SD's greedy drafts, T=0
-"joint", T=0 "exact"}. In each cell, every
-configuration first runs once untimed on other prompts (warm-up: caches, and the policy's
-measurements at this load), then the configurations are run ``--repeats`` times, interleaved
-(forward, then backward: see run_order); each run generates ``--tokens`` tokens (ignore_eos)
-for ``batch`` HumanEval prompts submitted at once, repeated on further prompts until at least
-``--min-prompts`` prompts have run (batch 1 would otherwise time one prompt: a handful of
-steps); with ``--arrivals queued`` the queue is ``--queue-depth`` batches deep where HumanEval
-has the prompts (half of its 164 for the timed runs, half for the warm-ups), and as many whole
-batches as it has elsewhere (batch 48: one, all submitted at once). Reported per cell and
-configuration: median tokens/s, min and max, mean acceptance length (bonus token included, from
-vLLM's per-request spec-decode metrics, so that each engine reports its own) and, for MTAD
-adaptive, the (W, γ) it chose during the timed runs and what it
-believed at the end of the cell (its fitted cost lines and acceptance estimates,
-SpeculationController.snapshot; the engine is shared by the cells, so its counters there add
-up from cell to cell). Output, rewritten after every cell and batch (a grid cut short keeps what
-it measured): policy_grid.json (machine, CPU model and flags, the code's commit, every run) and
-policy_grid.md, plus policy_grid.png (tokens/s against batch, one panel per
-temperature) in --out.
+Cells: batch size x {T=1 (top-k 10, top-p 0.9), T=1 with vLLM SD's greedy drafts, T=0 "joint",
+T=0 "exact"}. In each cell, every configuration first runs once untimed on other prompts, on
+each engine instance (warm-up: caches, and the policy's measurements at this load), then the
+configurations are run ``--repeats`` times, interleaved (forward, then backward: see run_order);
+each run generates ``--tokens`` tokens (ignore_eos) for ``batch`` HumanEval prompts submitted at
+once, repeated on further prompts until at least ``--min-prompts`` prompts have run (batch 1
+would otherwise time one prompt: a handful of steps); with ``--arrivals queued`` the queue is
+``--queue-depth`` batches deep where HumanEval has the prompts (half of its 164 for the timed
+runs, half for the warm-ups), and as many whole batches as it has elsewhere (batch 48: one, all
+submitted at once). Reported per cell and configuration: median tokens/s, min and max, mean
+acceptance length (bonus token included, from vLLM's per-request spec-decode metrics, so that
+each engine reports its own) and, for MTAD adaptive, the (W, γ) it chose during the timed runs
+and what it believed at the end of the cell (its fitted cost lines and acceptance estimates,
+SpeculationController.snapshot: with fresh instances, the last repeat's engine; with
+``--instances grid`` the engine is shared by the cells, so its counters add up from cell to
+cell). Output, rewritten after every cell and batch (a grid cut short keeps what it measured):
+policy_grid.json (machine, CPU model and flags, the code's commit, every run) and
+policy_grid.md, plus policy_grid.png (tokens/s against batch, one panel per temperature) in
+--out.
 
 The whole grid takes longer than a working session on a 2-core CPU (about four hours), so
 ``--resume`` goes on with the grid in --out (or starts it: the same command, run again until
@@ -64,7 +71,7 @@ PAPER = {"temperature": 1.0, "top_k": 10, "top_p": 0.9}
 HALF = 82  # HumanEval's 164 prompts: the first half for timed runs, the second for warm-ups
 # Settings a resumed grid must share with the one it goes on with.
 SAME_SETTINGS = ("tiny", "batches", "tokens", "repeats", "min_prompts", "arrivals",
-                 "queue_depth", "gamma", "long_gamma")
+                 "queue_depth", "gamma", "long_gamma", "instances")
 CELLS = (("T=1", PAPER, None), ("T=1 SD greedy", PAPER, None),
          ("T=0 joint", {"temperature": 0.0}, "joint"),
          ("T=0 exact", {"temperature": 0.0}, "exact"))
@@ -100,6 +107,10 @@ def main(argv=None) -> None:
     ap.add_argument("--cells", nargs="+", default=[c[0] for c in CELLS],
                     choices=[c[0] for c in CELLS])
     ap.add_argument("--out", default="benchmarks/reports/policy-grid-cpu")
+    ap.add_argument("--instances", choices=("repeat", "grid"), default="repeat",
+                    help="repeat: every repeat of a (cell, batch) pair on freshly built engines "
+                         "(two engines of one model in one process differ by up to ~10 %%); "
+                         "grid: one engine per configuration for the whole invocation")
     ap.add_argument("--resume", action="store_true",
                     help="go on with the grid in --out, or start it (same code, CPU and "
                          "settings): the (cell, batch) pairs it has are kept, the others run")
@@ -141,10 +152,13 @@ def main(argv=None) -> None:
     # Acceptance per engine (vLLM's global counters belong to the engine built last, and several
     # are alive here): per-request metrics, which vLLM allows with speculative decoding only.
     spec_kw = {**common, "per_request_spec_decode_metrics": "summary"}
-    engines = {"target": build_llm(target, None, **common),
-               "mtad": build_llm(target, mtad_spec(
-                   draft, gamma=max(args.gamma, long_gamma), speculation_policy="adaptive"),
-                   **spec_kw)}
+    builders = {"target": lambda: build_llm(target, None, **common),
+                "mtad": lambda: build_llm(target, mtad_spec(
+                    draft, gamma=max(args.gamma, long_gamma), speculation_policy="adaptive"),
+                    **spec_kw)}
+    engines = {}
+    if args.instances == "grid":
+        engines = {name: build() for name, build in builders.items()}
     sd_specs = {"vllm_sd": draft_model_spec(draft, args.gamma),
                 "vllm_sd_greedy": draft_model_spec(draft, args.gamma,
                                                    draft_sample_method="greedy")}
@@ -158,7 +172,8 @@ def main(argv=None) -> None:
         return ["target", "vllm_sd", *mtad_limits]
 
     table = ""
-    total = sum(len(cell_configs(c)) * (1 + args.repeats) for c in args.cells
+    warm_ups = args.repeats if args.instances == "repeat" else 1
+    total = sum(len(cell_configs(c)) * (warm_ups + args.repeats) for c in args.cells
                 for b in args.batches if (c, b) not in done)
     bar = tqdm(total=total, desc="runs", unit="run")
     sd_name, sd_llm = None, None  # one SD engine at a time: the one this cell needs
@@ -167,7 +182,7 @@ def main(argv=None) -> None:
             continue
         configs = cell_configs(cell_name)
         wanted = "vllm_sd" if cell_name == "T=1" else "vllm_sd_greedy"  # greedy drafts at T=0
-        if wanted != sd_name:
+        if args.instances == "grid" and wanted != sd_name:
             if sd_llm is not None:
                 close(sd_llm)  # before the build: it sets vLLM's parallel state up again
             sd_name, sd_llm = wanted, build_llm(target, sd_specs[wanted], **spec_kw)
@@ -212,10 +227,25 @@ def main(argv=None) -> None:
             n = prompts_per_run(batch, depth, args.min_prompts)
             warm = prompts[HALF: HALF + n]
             timed = prompts[:n]
-            for config in configs:  # warm-up on other prompts, untimed
-                run(config, warm, 1000)
+            if args.instances == "grid":
+                for config in configs:  # warm-up on other prompts, untimed
+                    run(config, warm, 1000)
             results = {c: [] for c in configs}
             for r in range(args.repeats):
+                if args.instances == "repeat":
+                    # Fresh engines, built in an order turned round each repeat, each warmed up.
+                    if sd_llm is not None:
+                        close(sd_llm)
+                    for name in list(engines):
+                        close(engines.pop(name))
+                    names = ["target", "mtad", "sd"]
+                    for name in (names if r % 2 == 0 else names[::-1]):
+                        if name == "sd":
+                            sd_name, sd_llm = wanted, build_llm(target, sd_specs[wanted], **spec_kw)
+                        else:
+                            engines[name] = builders[name]()
+                    for config in configs:  # warm-up on other prompts, untimed
+                        run(config, warm, 1000)
                 for config in run_order(configs, r):
                     res = run(config, timed, 0)
                     results[config].append(res)
@@ -241,7 +271,8 @@ def main(argv=None) -> None:
             table = _report(args, target, draft, cells_out, runs, env)
     bar.close()
     for llm in [*engines.values(), sd_llm]:
-        close(llm)
+        if llm is not None:
+            close(llm)
     print(table)
     print(f"written to {args.out}", file=sys.stderr)
 

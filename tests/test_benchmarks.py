@@ -204,6 +204,17 @@ def test_policy_grid_on_tiny_pair(tmp_path):
     # The fixed configuration drafts (4, 4) every step; exact batches draft one beam.
     assert cells[("T=1", 2, "mtad_fixed")]["chosen"].startswith("W4_g4")
     assert cells[("T=0 exact", 2, "mtad_fixed")]["chosen"].startswith("W1_g4")
+    # One engine per configuration for the whole invocation (--instances grid) runs alike.
+    run_module(["benchmarks.policy_grid", "--tiny", "--batches", "1", "--tokens", "8",
+                "--repeats", "2", "--cells", "T=1 SD greedy", "--instances", "grid",
+                "--out", str(tmp_path / "grid")], tmp_path)
+    once = json.loads((tmp_path / "grid" / "policy_grid.json").read_text())
+    assert once["args"]["instances"] == "grid" and data["args"]["instances"] == "repeat"
+    from benchmarks.policy_grid import run_order
+
+    configs = ["target", "vllm_sd_greedy", "mtad_adaptive"]
+    assert [(r["config"], r["repeat"]) for r in once["runs"]] == [
+        (c, r) for r in range(2) for c in run_order(configs, r)]
 
 
 @pytest.mark.system
@@ -295,7 +306,8 @@ def test_policy_grid_resumes_only_the_same_code_settings_and_machine(tmp_path):
 
     def args(**kw):
         base = dict(out=str(tmp_path), tiny=False, batches=[1, 4], tokens=48, repeats=2,
-                    min_prompts=4, arrivals="queued", queue_depth=3, gamma=4, long_gamma=8)
+                    min_prompts=4, arrivals="queued", queue_depth=3, gamma=4, long_gamma=8,
+                    instances="repeat")
         return argparse.Namespace(**(base | kw))
 
     def error(message):
@@ -318,6 +330,8 @@ def test_policy_grid_resumes_only_the_same_code_settings_and_machine(tmp_path):
         resumed(args(tokens=32), env, pair, error)
     with pytest.raises(SystemExit, match="--batches"):
         resumed(args(batches=[1, 4, 16]), env, pair, error)
+    with pytest.raises(SystemExit, match="--instances repeat, not grid"):
+        resumed(args(instances="grid"), env, pair, error)
     with pytest.raises(SystemExit, match="the draft /d, not /e"):
         resumed(args(), env, pair | {"draft": "/e"}, error)
 
