@@ -57,6 +57,7 @@ settings or models: its numbers would not be one grid's.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -236,8 +237,12 @@ def main(argv=None) -> None:
                     # Fresh engines, built in an order turned round each repeat, each warmed up.
                     if sd_llm is not None:
                         close(sd_llm)
+                    sd_llm = None
                     for name in list(engines):
                         close(engines.pop(name))
+                    # The closed engines' cycles hold their weights until collected: three
+                    # real-pair engines more and the process ran out of 24 GiB (96ab649).
+                    gc.collect()
                     names = ["target", "mtad", "sd"]
                     for name in (names if r % 2 == 0 else names[::-1]):
                         if name == "sd":
