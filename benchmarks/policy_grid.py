@@ -228,9 +228,6 @@ def main(argv=None) -> None:
             n = prompts_per_run(batch, depth, args.min_prompts)
             warm = prompts[HALF: HALF + n]
             timed = prompts[:n]
-            if args.instances == "grid":
-                for config in configs:  # warm-up on other prompts, untimed
-                    run(config, warm, 1000)
             results = {c: [] for c in configs}
             for r in range(args.repeats):
                 if args.instances == "repeat":
@@ -249,7 +246,8 @@ def main(argv=None) -> None:
                             sd_name, sd_llm = wanted, build_llm(target, sd_specs[wanted], **spec_kw)
                         else:
                             engines[name] = builders[name]()
-                    for config in configs:  # warm-up on other prompts, untimed
+                if args.instances == "repeat" or r == 0:
+                    for config in configs:  # warm-up on other prompts, untimed: each instance
                         run(config, warm, 1000)
                 for config in run_order(configs, r):
                     res = run(config, timed, 0)
