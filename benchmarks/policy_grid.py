@@ -57,7 +57,6 @@ settings or models: its numbers would not be one grid's.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import statistics
 import sys
@@ -65,7 +64,7 @@ import time
 
 from benchmarks.common import (code_commit, code_version, environment, generate_in_batches,
                                generate_queued, markdown_table, write_outputs)
-from devtools.engine import build_llm, close, draft_model_spec, mtad_spec
+from devtools.engine import build_llm, close, draft_model_spec, mtad_spec, release_memory
 from devtools.models import add_model_args, resolve_pair
 
 PAPER = {"temperature": 1.0, "top_k": 10, "top_p": 0.9}
@@ -237,15 +236,18 @@ def main(argv=None) -> None:
                     sd_llm = None
                     for name in list(engines):
                         close(engines.pop(name))
-                    # The closed engines' cycles hold their weights until collected: three
-                    # real-pair engines more and the process ran out of 24 GiB (96ab649).
-                    gc.collect()
+                    # The closed engines' cycles hold their weights until collected, and the
+                    # C heap its free pages until trimmed: without the collection the second set
+                    # of real-pair engines ran out of 24 GiB (96ab649), without the trim the
+                    # third (8acb222). A build's transients are trimmed too.
+                    release_memory()
                     names = ["target", "mtad", "sd"]
                     for name in (names if r % 2 == 0 else names[::-1]):
                         if name == "sd":
                             sd_name, sd_llm = wanted, build_llm(target, sd_specs[wanted], **spec_kw)
                         else:
                             engines[name] = builders[name]()
+                        release_memory()
                 if args.instances == "repeat" or r == 0:
                     for config in configs:  # warm-up on other prompts, untimed: each instance
                         run(config, warm, 1000)
