@@ -237,7 +237,7 @@ def main(argv=None) -> None:
                     for name in list(engines):
                         close(engines.pop(name))
                     # The closed engines' cycles hold their weights until collected, and the
-                    # C heap its free pages until trimmed: without the collection the second set
+                    # C heap its free pages until trimmed: without the collection the third set
                     # of real-pair engines ran out of 24 GiB (96ab649), without the trim the
                     # third (8acb222). A build's transients are trimmed too.
                     release_memory()
