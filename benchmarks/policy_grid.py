@@ -5,14 +5,15 @@ MTAD (fixed W=4, γ=4 against the adaptive policy) by batch size and temperature
     python -m benchmarks.policy_grid --batches 1 4 16 48      # the issue's whole grid
     python -m benchmarks.policy_grid --tiny --batches 1 2 --tokens 16   # a minute (tests)
 
-Engines (in-process, all alive during a cell; three, since four real-pair engines do not fit in
+Engines (vLLM in-process, all alive during a cell; three, since four real-pair engines do not fit in
 24 GiB): the target alone; vLLM ``draft_model`` with probabilistic draft tokens at T=1
 ("vllm_sd") or with greedy drafts (cell "T=1 SD greedy": the target, it and MTAD adaptive; at
 T=0 "vllm_sd" drafts greedily); MTAD with ``speculation_policy: "adaptive"`` and
 num_speculative_tokens = max(--gamma, --long-gamma). With ``--instances repeat`` (the default)
-every repeat of a (cell, batch) pair runs on engines built afresh for it (in an order turned
-round from one repeat to the next) and warmed up anew: two engines of the same model built in
-one process ran their decode steps up to ~10 % apart for their whole lives
+every repeat of a (cell, batch) pair runs in a process spawned for it (what closed engines leave
+behind goes with it: in one process the third set ran out of 24 GiB), on engines built afresh
+(in an order turned round from one repeat to the next) and warmed up anew: two engines of the
+same model built in one process ran their decode steps up to ~10 % apart for their whole lives
 (benchmarks/reports/policy-probe-cpu, "Batch 48, T=1"), so a configuration measured on one
 instance carries its instance's speed into every repeat, and [min, max] would not show it.
 ``--instances grid`` keeps one engine per configuration for the whole invocation (the adaptive
@@ -116,10 +117,6 @@ def main(argv=None) -> None:
                          "settings): the (cell, batch) pairs it has are kept, the others run")
     args = ap.parse_args(argv)
     from tqdm import tqdm
-    from vllm import SamplingParams
-
-    from vllm_mtad.proposer import drafter_stats
-    from vllm_mtad.speculation import force_plans, limit_plans
 
     target, draft, tiny = resolve_pair(args)
     max_batch = max(args.batches)
@@ -142,121 +139,43 @@ def main(argv=None) -> None:
         print(_report(args, target, draft, cells_out, runs, env))  # whole already: no engines
         print(f"nothing left to run in {args.out}", file=sys.stderr)
         return
-    common = dict(dtype="float32" if tiny else "bfloat16", max_model_len=2048,
-                  max_num_seqs=max_batch, max_num_batched_tokens=4096, block_size=32,
-                  kv_cache_bytes=(256 << 20) if tiny else (640 << 20), disable_log_stats=False,
-                  # Timed repeats reuse their prompts: with prefix caching a config's first
-                  # run would pay the prefill and later ones not (measured: 14.8 s vs 9.6 s).
-                  enable_prefix_caching=False)
-    long_gamma = args.long_gamma if args.long_gamma > args.gamma else 0
-    # Acceptance per engine (vLLM's global counters belong to the engine built last, and several
-    # are alive here): per-request metrics, which vLLM allows with speculative decoding only.
-    spec_kw = {**common, "per_request_spec_decode_metrics": "summary"}
-    builders = {"target": lambda: build_llm(target, None, **common),
-                "mtad": lambda: build_llm(target, mtad_spec(
-                    draft, gamma=max(args.gamma, long_gamma), speculation_policy="adaptive"),
-                    **spec_kw)}
-    engines = {}
-    if args.instances == "grid":
-        engines = {name: build() for name, build in builders.items()}
-    sd_specs = {"vllm_sd": draft_model_spec(draft, args.gamma),
-                "vllm_sd_greedy": draft_model_spec(draft, args.gamma,
-                                                   draft_sample_method="greedy")}
-    mtad_limits = {"mtad_fixed": args.gamma, "mtad_adaptive": args.gamma}
-    if long_gamma:
-        mtad_limits[f"mtad_adaptive_g{long_gamma}"] = long_gamma
-
-    def cell_configs(cell_name):
-        if cell_name == "T=1 SD greedy":  # vLLM SD's other draft method, beside the default
-            return ["target", "vllm_sd_greedy", "mtad_adaptive"]
-        return ["target", "vllm_sd", *mtad_limits]
-
+    grid = Grid(args, target, draft, tiny)
     table = ""
     warm_ups = args.repeats if args.instances == "repeat" else 1
-    total = sum(len(cell_configs(c)) * (warm_ups + args.repeats) for c in args.cells
+    total = sum(len(grid.configs(c)) * (warm_ups + args.repeats) for c in args.cells
                 for b in args.batches if (c, b) not in done)
     bar = tqdm(total=total, desc="runs", unit="run")
-    sd_name, sd_llm = None, None  # one SD engine at a time: the one this cell needs
-    for cell_name, sampling, mode in CELLS:
+    engines = {}  # --instances grid: the engines of the whole invocation
+    if args.instances == "grid":
+        engines = {name: grid.build(name, None) for name in ("target", "mtad")}
+    for cell_name, _, _ in CELLS:
         if cell_name not in args.cells or all((cell_name, b) in done for b in args.batches):
             continue
-        configs = cell_configs(cell_name)
-        wanted = "vllm_sd" if cell_name == "T=1" else "vllm_sd_greedy"  # greedy drafts at T=0
-        if args.instances == "grid" and wanted != sd_name:
-            if sd_llm is not None:
-                close(sd_llm)  # before the build: it sets vLLM's parallel state up again
-            sd_name, sd_llm = wanted, build_llm(target, sd_specs[wanted], **spec_kw)
+        configs = grid.configs(cell_name)
+        if args.instances == "grid" and grid.sd_of(cell_name) != engines.get("sd_name"):
+            if "sd" in engines:
+                close(engines.pop("sd"))  # before the build: it sets vLLM's parallel state up
+                release_memory()
+            engines["sd"] = grid.build("sd", cell_name)
+            engines["sd_name"] = grid.sd_of(cell_name)
         for batch in args.batches:
             if (cell_name, batch) in done:
                 continue
-            extra = {"greedy_acceptance": mode} if mode else None
-
-            def run(config, chunk, seed):
-                is_mtad = config.startswith("mtad")
-                if is_mtad:
-                    llm = engines["mtad"]
-                    llm.collective_rpc(force_plans(
-                        [(4, args.gamma)] if config == "mtad_fixed" else None))
-                    llm.collective_rpc(limit_plans(mtad_limits[config]))
-                elif config == "target":
-                    llm = engines["target"]
-                else:
-                    llm = sd_llm
-                params = [SamplingParams(max_tokens=args.tokens, ignore_eos=True,
-                                         seed=seed + i, **sampling,
-                                         extra_args=extra if is_mtad else None)
-                          for i in range(len(chunk))]
-                chosen0 = (llm.collective_rpc(drafter_stats)[0]["policy_chosen"] if is_mtad
-                           else {})
-                t0 = time.perf_counter()
-                outs = (generate_queued(llm, chunk, params, batch) if args.arrivals == "queued"
-                        else generate_in_batches(llm, chunk, params, batch))
-                seconds = time.perf_counter() - t0
-                tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-                drafts, accepted = per_request_acceptance(outs)
-                chosen = {}
-                if is_mtad:
-                    stats = llm.collective_rpc(drafter_stats)[0]
-                    chosen = {k: v - chosen0.get(k, 0) for k, v in stats["policy_chosen"].items()
-                              if v - chosen0.get(k, 0)}
-                bar.update(1)
-                return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
-                        "acceptance": 1 + accepted / drafts if drafts else None,
-                        "drafts": drafts, "chosen": chosen}
-
             n = prompts_per_run(batch, depth, args.min_prompts)
             warm = prompts[HALF: HALF + n]
             timed = prompts[:n]
             results = {c: [] for c in configs}
             for r in range(args.repeats):
                 if args.instances == "repeat":
-                    # Fresh engines, built in an order turned round each repeat, each warmed up.
-                    if sd_llm is not None:
-                        close(sd_llm)
-                    sd_llm = None
-                    for name in list(engines):
-                        close(engines.pop(name))
-                    # The closed engines' cycles hold their weights until collected, and the
-                    # C heap its free pages until trimmed: without the collection the third set
-                    # of real-pair engines ran out of 24 GiB (96ab649), without the trim the
-                    # third (8acb222). A build's transients are trimmed too.
-                    release_memory()
-                    names = ["target", "mtad", "sd"]
-                    for name in (names if r % 2 == 0 else names[::-1]):
-                        if name == "sd":
-                            sd_name, sd_llm = wanted, build_llm(target, sd_specs[wanted], **spec_kw)
-                        else:
-                            engines[name] = builders[name]()
-                        release_memory()
-                if args.instances == "repeat" or r == 0:
-                    for config in configs:  # warm-up on other prompts, untimed: each instance
-                        run(config, warm, 1000)
-                for config in run_order(configs, r):
-                    res = run(config, timed, 0)
+                    measured, belief = in_own_process(
+                        grid, cell_name, batch, r, configs, warm, timed, bar.update)
+                else:
+                    measured, belief = grid.repeat(engines, cell_name, batch, r, configs,
+                                                   warm if r == 0 else None, timed, bar.update)
+                for config, res in measured:
                     results[config].append(res)
                     runs.append({"cell": cell_name, "batch": batch, "config": config,
                                  "repeat": r} | res)
-            belief = llm_snapshot(engines["mtad"], drafter_stats)
             for config in configs:
                 rs = results[config]
                 tps = [x["tok_s"] for x in rs]
@@ -275,11 +194,161 @@ def main(argv=None) -> None:
             # Written after every cell: a long grid cut short keeps what it measured.
             table = _report(args, target, draft, cells_out, runs, env)
     bar.close()
-    for llm in [*engines.values(), sd_llm]:
-        if llm is not None:
-            close(llm)
+    for name in ("target", "mtad", "sd"):
+        if name in engines:
+            close(engines[name])
     print(table)
     print(f"written to {args.out}", file=sys.stderr)
+
+
+class Grid:
+    """How the grid builds its engines and times one configuration: everything a repeat needs,
+    picklable, so that a repeat can run in a process of its own."""
+
+    def __init__(self, args, target, draft, tiny):
+        self.args, self.target, self.draft = args, target, draft
+        self.common = dict(
+            dtype="float32" if tiny else "bfloat16", max_model_len=2048,
+            max_num_seqs=max(args.batches), max_num_batched_tokens=4096, block_size=32,
+            kv_cache_bytes=(256 << 20) if tiny else (640 << 20), disable_log_stats=False,
+            # Timed repeats reuse their prompts: with prefix caching a config's first run would
+            # pay the prefill and later ones not (measured: 14.8 s vs 9.6 s).
+            enable_prefix_caching=False)
+        self.long_gamma = args.long_gamma if args.long_gamma > args.gamma else 0
+        self.mtad_limits = {"mtad_fixed": args.gamma, "mtad_adaptive": args.gamma}
+        if self.long_gamma:
+            self.mtad_limits[f"mtad_adaptive_g{self.long_gamma}"] = self.long_gamma
+
+    def configs(self, cell_name) -> list[str]:
+        if cell_name == "T=1 SD greedy":  # vLLM SD's other draft method, beside the default
+            return ["target", "vllm_sd_greedy", "mtad_adaptive"]
+        return ["target", "vllm_sd", *self.mtad_limits]
+
+    @staticmethod
+    def sd_of(cell_name) -> str:
+        """The vLLM SD configuration of a cell (greedy drafts at T=0)."""
+        return "vllm_sd" if cell_name == "T=1" else "vllm_sd_greedy"
+
+    def build(self, name, cell_name):
+        """A fresh engine: "target" (alone), "mtad" (adaptive, γ ≤ max(--gamma, --long-gamma))
+        or "sd" (the cell's vLLM SD)."""
+        if name == "target":
+            return build_llm(self.target, None, **self.common)
+        # Acceptance per engine (vLLM's global counters belong to the engine built last, and
+        # several are alive here): per-request metrics, which vLLM allows with speculative
+        # decoding only.
+        spec_kw = {**self.common, "per_request_spec_decode_metrics": "summary"}
+        if name == "mtad":
+            return build_llm(self.target, mtad_spec(
+                self.draft, gamma=max(self.args.gamma, self.long_gamma),
+                speculation_policy="adaptive"), **spec_kw)
+        greedy = {"draft_sample_method": "greedy"} if self.sd_of(cell_name) != "vllm_sd" else {}
+        return build_llm(self.target, draft_model_spec(self.draft, self.args.gamma, **greedy),
+                         **spec_kw)
+
+    def repeat(self, engines, cell_name, batch, r, configs, warm, timed, progress):
+        """Repeat ``r`` of a (cell, batch) pair on ``engines``: each configuration warmed up on
+        ``warm`` (None: not), then timed on ``timed`` in run_order. ((config, result) pairs, the
+        adaptive policy's state after them)."""
+        for config in configs if warm is not None else []:  # untimed, on other prompts
+            self.run(engines, config, cell_name, batch, warm, 1000)
+            progress(1)
+        measured = []
+        for config in run_order(configs, r):
+            measured.append((config, self.run(engines, config, cell_name, batch, timed, 0)))
+            progress(1)
+        from vllm_mtad.proposer import drafter_stats
+
+        return measured, llm_snapshot(engines["mtad"], drafter_stats)
+
+    def run(self, engines, config, cell_name, batch, chunk, seed) -> dict:
+        """One configuration over ``chunk``, timed."""
+        from vllm import SamplingParams
+
+        from vllm_mtad.proposer import drafter_stats
+        from vllm_mtad.speculation import force_plans, limit_plans
+
+        args = self.args
+        sampling, mode = next((s, m) for c, s, m in CELLS if c == cell_name)
+        extra = {"greedy_acceptance": mode} if mode else None
+        is_mtad = config.startswith("mtad")
+        if is_mtad:
+            llm = engines["mtad"]
+            llm.collective_rpc(force_plans([(4, args.gamma)] if config == "mtad_fixed" else None))
+            llm.collective_rpc(limit_plans(self.mtad_limits[config]))
+        else:
+            llm = engines["target" if config == "target" else "sd"]
+        params = [SamplingParams(max_tokens=args.tokens, ignore_eos=True, seed=seed + i,
+                                 **sampling, extra_args=extra if is_mtad else None)
+                  for i in range(len(chunk))]
+        chosen0 = llm.collective_rpc(drafter_stats)[0]["policy_chosen"] if is_mtad else {}
+        t0 = time.perf_counter()
+        outs = (generate_queued(llm, chunk, params, batch) if args.arrivals == "queued"
+                else generate_in_batches(llm, chunk, params, batch))
+        seconds = time.perf_counter() - t0
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        drafts, accepted = per_request_acceptance(outs)
+        chosen = {}
+        if is_mtad:
+            stats = llm.collective_rpc(drafter_stats)[0]
+            chosen = {k: v - chosen0.get(k, 0) for k, v in stats["policy_chosen"].items()
+                      if v - chosen0.get(k, 0)}
+        return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
+                "acceptance": 1 + accepted / drafts if drafts else None,
+                "drafts": drafts, "chosen": chosen}
+
+
+def in_own_process(grid: Grid, cell_name, batch, r, configs, warm, timed, progress):
+    """Grid.repeat on engines built afresh (in an order turned round from one repeat to the
+    next), in a process spawned for this repeat and gone after it: memory a closed engine
+    leaves behind (in one process, the third set of three real-pair engines ran out of 24 GiB,
+    even with every closed engine collected and the C heap trimmed: ~1 GB more each set, 9f5d103)
+    goes with the process. ``progress(1)`` after every run."""
+    import multiprocessing
+    import queue
+
+    ctx = multiprocessing.get_context("spawn")
+    messages = ctx.Queue()
+    child = ctx.Process(target=_repeat_child,
+                        args=(messages, grid, cell_name, batch, r, configs, warm, timed))
+    child.start()
+    try:
+        while True:
+            try:
+                kind, payload = messages.get(timeout=5)
+            except queue.Empty:
+                if not child.is_alive():
+                    raise RuntimeError(
+                        f"the process of repeat {r} of ({cell_name}, batch {batch}) ended with "
+                        f"exit code {child.exitcode} (-9: killed, out of memory?)") from None
+                continue
+            if kind == "run":
+                progress(payload)
+            elif kind == "error":
+                raise RuntimeError(f"repeat {r} of ({cell_name}, batch {batch}):\n{payload}")
+            else:
+                return payload
+    finally:
+        child.join(timeout=120)
+        if child.is_alive():
+            child.kill()
+
+
+def _repeat_child(messages, grid: Grid, cell_name, batch, r, configs, warm, timed) -> None:
+    import traceback
+
+    try:
+        engines = {}
+        names = ["target", "mtad", "sd"]
+        for name in names if r % 2 == 0 else names[::-1]:
+            engines[name] = grid.build(name, cell_name)
+        result = grid.repeat(engines, cell_name, batch, r, configs, warm, timed,
+                             lambda n: messages.put(("run", n)))
+        for llm in engines.values():
+            close(llm)
+        messages.put(("done", result))
+    except BaseException:  # the parent raises it, with this traceback
+        messages.put(("error", traceback.format_exc()))
 
 
 def prompts_per_run(batch: int, depth: int, min_prompts: int) -> int:
