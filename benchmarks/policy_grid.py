@@ -88,6 +88,10 @@ def humaneval_prompts(n: int) -> list[str]:
 def main(argv=None) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # PyTorch's large allocations (the weights) on huge pages: two target-alone engines then ran
+    # their batch-48 decode steps 1.02x apart instead of 1.10x, and 8 % faster
+    # (benchmarks/reports/policy-probe-cpu, "Batch 48"). Read by the repeats' processes.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(ap)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
@@ -126,7 +130,8 @@ def main(argv=None) -> None:
                  f"and has {HALF} (164, half of them for warm-ups): lower --batches or "
                  f"--min-prompts")
     prompts = humaneval_prompts(2 * HALF)
-    env = environment() | {"commit": code_commit(), "code_version": code_version()}
+    env = environment() | {"commit": code_commit(), "code_version": code_version(),
+                           "THP_MEM_ALLOC_ENABLE": os.environ["THP_MEM_ALLOC_ENABLE"]}
     env["invocations"] = [env["date"]]
     runs, cells_out, done = [], [], set()
     if args.resume:
@@ -310,7 +315,8 @@ def in_own_process(grid: Grid, cell_name, batch, r, configs, warm, timed, progre
     ctx = multiprocessing.get_context("spawn")
     messages = ctx.Queue()
     child = ctx.Process(target=_repeat_child,
-                        args=(messages, grid, cell_name, batch, r, configs, warm, timed))
+                        args=(messages, os.getpid(), grid, cell_name, batch, r, configs, warm,
+                              timed))
     child.start()
     try:
         while True:
@@ -334,9 +340,11 @@ def in_own_process(grid: Grid, cell_name, batch, r, configs, warm, timed, progre
             child.kill()
 
 
-def _repeat_child(messages, grid: Grid, cell_name, batch, r, configs, warm, timed) -> None:
+def _repeat_child(messages, parent, grid: Grid, cell_name, batch, r, configs, warm,
+                  timed) -> None:
     import traceback
 
+    _die_with_parent(parent)
     try:
         engines = {}
         names = ["target", "mtad", "sd"]
@@ -349,6 +357,20 @@ def _repeat_child(messages, grid: Grid, cell_name, batch, r, configs, warm, time
         messages.put(("done", result))
     except BaseException:  # the parent raises it, with this traceback
         messages.put(("error", traceback.format_exc()))
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: this process gets SIGKILL when the grid's process (``parent``) ends, however it
+    ends (a grid stopped by hand left its repeat's process running, 20 GB and both cores)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except AttributeError:  # not Linux
+        return
+    if os.getppid() != parent:  # it ended before the request
+        os._exit(1)
 
 
 def prompts_per_run(batch: int, depth: int, min_prompts: int) -> int:
@@ -374,7 +396,7 @@ def resumed(args, env: dict, pair: dict, error) -> dict | None:
         error(f"--resume: {path} was measured by code version {theirs.get('code_version')} "
               f"(commit {theirs.get('commit')}), this is {env['code_version']} (commit "
               f"{env['commit']}): a grid is one version of the code's")
-    for key in ("cpu_model", "cpu_flags", "cpus", "vllm"):
+    for key in ("cpu_model", "cpu_flags", "cpus", "vllm", "THP_MEM_ALLOC_ENABLE"):
         if theirs.get(key) != env.get(key):
             error(f"--resume: {path} was measured with {key} {theirs.get(key)}, this machine "
                   f"has {env.get(key)}")
