@@ -384,3 +384,42 @@ def test_policy_grid_order_varies_what_each_configuration_follows():
     for config in configs:  # in two repeats, two different predecessors (or first)
         before = {runs[i - 1] if i else None for i in range(10) if runs[i] == config}
         assert len(before) == 2, (config, before)
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_repeats_process_ends_with_the_grids(tmp_path):
+    """A grid stopped by hand (its process killed) must not leave its repeat's process behind,
+    holding its engines and the cores: the child asks for SIGKILL when its parent ends."""
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    script = (
+        "import multiprocessing, os, sys, time\n"
+        "from benchmarks.policy_grid import _die_with_parent\n"
+        "def child(parent, path):\n"
+        "    _die_with_parent(parent)\n"
+        "    open(path, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(120)\n"
+        "if __name__ == '__main__':\n"
+        "    p = multiprocessing.get_context('fork').Process(\n"
+        "        target=child, args=(os.getpid(), sys.argv[1]))\n"
+        "    p.start()\n"
+        "    while not (os.path.exists(sys.argv[1]) and open(sys.argv[1]).read()):\n"
+        "        time.sleep(0.05)\n"
+        "    os._exit(0)  # as a killed parent ends: no clean-up of its children\n")
+    subprocess.run([sys.executable, "-c", script, str(pid_file)], cwd=ROOT, timeout=60,
+                   check=True)
+    pid = int(pid_file.read_text())
+
+    def alive() -> bool:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                return not any(line.startswith("State:") and "Z" in line for line in f)
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(), f"the child {pid} outlived its parent"
