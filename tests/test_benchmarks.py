@@ -338,38 +338,63 @@ def test_policy_grid_resumes_only_the_same_code_settings_and_machine(tmp_path):
 
 @pytest.mark.unit
 def test_grid_targets_judge_each_cell_by_the_targets_that_apply():
-    from benchmarks.grid_targets import judge
+    from benchmarks.grid_targets import judge, pair_noise
 
-    def c(cell, batch, config, tok_s, lo, hi, acceptance=None):
-        return {"cell": cell, "batch": batch, "config": config, "tok_s": tok_s, "min": lo,
-                "max": hi, "acceptance": acceptance, "chosen": ""}
+    runs, cells = [], []
 
-    cells = [c("T=1", 1, "target", 7.0, 6.9, 7.1), c("T=1", 1, "vllm_sd", 9.0, 8.0, 10.0),
-             c("T=1", 1, "mtad_adaptive", 12.0, 11.5, 12.5),
-             c("T=1", 4, "target", 22.0, 21.0, 23.0), c("T=1", 4, "vllm_sd", 15.0, 14.0, 16.0),
-             c("T=1", 4, "mtad_adaptive", 21.5, 21.2, 21.8),  # below, ranges overlap
-             c("T=1 SD greedy", 4, "target", 22.8, 22.3, 23.3),
-             c("T=1 SD greedy", 4, "vllm_sd_greedy", 15.2, 15.1, 15.3),
-             c("T=1 SD greedy", 4, "mtad_adaptive", 21.8, 21.6, 21.9),  # disjoint: slower
-             c("T=0 exact", 1, "target", 7.0, 6.7, 7.3),
-             c("T=0 exact", 1, "vllm_sd", 10.4, 9.9, 11.0, 4.09),
-             c("T=0 exact", 1, "mtad_fixed", 10.9, 10.8, 11.0, 4.09),
-             c("T=0 exact", 1, "mtad_adaptive", 10.8, 10.5, 11.0, 3.90),
-             c("T=0 joint", 16, "target", 40.0, 39.0, 41.0),
-             c("T=0 joint", 16, "vllm_sd", 27.0, 26.0, 28.0),
-             c("T=0 joint", 16, "mtad_fixed", 24.0, 23.0, 25.0)]  # no adaptive: not judged
-    rows = {(r["cell"], r["batch"]): r for r in judge(cells)}
-    assert set(rows) == {("T=1", 1), ("T=1", 4), ("T=1 SD greedy", 4), ("T=0 exact", 1)}
+    def c(cell, batch, config, speeds, acceptance=None):
+        """A configuration's repeats (tok/s) and its cell: the median, min and max."""
+        runs.extend({"cell": cell, "batch": batch, "config": config, "tok_s": x}
+                    for x in speeds)
+        xs = sorted(speeds)
+        cells.append({"cell": cell, "batch": batch, "config": config,
+                      "tok_s": (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2, "min": xs[0],
+                      "max": xs[-1], "acceptance": acceptance, "chosen": ""})
+
+    c("T=1", 1, "target", [6.9, 7.1])
+    c("T=1", 1, "vllm_sd", [8.0, 10.0])
+    c("T=1", 1, "mtad_adaptive", [11.5, 12.5])
+    c("T=1", 4, "target", [21.0, 23.0])
+    c("T=1", 4, "vllm_sd", [14.0, 16.0])
+    c("T=1", 4, "mtad_adaptive", [21.2, 21.8])  # 2 % below; ~6 % noise: within it
+    c("T=1 SD greedy", 4, "target", [22.3, 23.3])
+    c("T=1 SD greedy", 4, "vllm_sd_greedy", [15.1, 15.3])
+    c("T=1 SD greedy", 4, "mtad_adaptive", [21.0, 21.2])  # 7.5 % below; 1.9 % noise: slower
+    # Ranges disjoint, 0.9 % below, 1.5 % noise (grid-7e68367's T=1 batch 48): within it.
+    c("T=1", 48, "target", [34.322, 34.325])
+    c("T=1", 48, "vllm_sd", [18.51, 19.31])
+    c("T=1", 48, "mtad_adaptive", [33.95, 34.07])
+    c("T=1", 48, "mtad_adaptive_g8", [33.49, 34.26])
+    c("T=0 exact", 1, "target", [6.7, 7.3])
+    c("T=0 exact", 1, "vllm_sd", [9.9, 11.0], 4.09)
+    c("T=0 exact", 1, "mtad_fixed", [10.8, 11.0], 4.09)
+    c("T=0 exact", 1, "mtad_adaptive", [10.5, 11.1], 3.90)
+    c("T=0 joint", 16, "target", [39.0, 41.0])
+    c("T=0 joint", 16, "vllm_sd", [26.0, 28.0])
+    c("T=0 joint", 16, "mtad_fixed", [23.0, 25.0])  # no adaptive: not judged
+    c("T=0 joint", 1, "target", [7.0])  # one repeat each: no noise measured
+    c("T=0 joint", 1, "vllm_sd", [10.0])
+    c("T=0 joint", 1, "mtad_adaptive", [9.9])
+    s, df = pair_noise(runs)[("T=1", 48)]
+    assert df == 4 and abs(s - 0.01703) < 1e-4, (s, df)
+    rows = {(r["cell"], r["batch"]): r for r in judge(cells, runs)}
+    assert set(rows) == {("T=1", 1), ("T=1", 4), ("T=1 SD greedy", 4), ("T=1", 48),
+                         ("T=0 exact", 1), ("T=0 joint", 1)}
     assert rows[("T=1", 1)]["checks"] == {"never slower": "met", ">= 1.3x SD": "met"}
     assert rows[("T=1", 1)]["best"] == "vllm_sd"
     assert rows[("T=1", 4)]["checks"]["never slower"] == "within noise"
+    assert rows[("T=1", 4)]["ranges_overlap"]
     assert rows[("T=1 SD greedy", 4)]["checks"] == {"never slower": "NOT met",
                                                      ">= 1.3x SD": "met"}
+    assert rows[("T=1", 48)]["checks"] == {"never slower": "within noise"}
+    assert not rows[("T=1", 48)]["ranges_overlap"]
     exact = rows[("T=0 exact", 1)]
     assert exact["checks"] == {"never slower": "met", ">= SD": "met",
                                "chain acceptance >= SD's": "met"}
     assert exact["acceptance"] == {"adaptive": 3.90, "mtad_fixed": 4.09, "vllm_sd": 4.09}
-    assert abs(exact["vs_sd"] - 10.8 / 10.4) < 1e-12
+    assert abs(exact["vs_sd"] - 10.8 / 10.45) < 1e-12
+    assert rows[("T=0 joint", 1)]["checks"] == {"never slower": "NOT met",
+                                                 ">= 1.1x SD": "NOT met"}
 
 
 @pytest.mark.unit
