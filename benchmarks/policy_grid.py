@@ -151,18 +151,19 @@ def main(argv=None) -> None:
                 for b in args.batches if (c, b) not in done)
     bar = tqdm(total=total, desc="runs", unit="run")
     engines = {}  # --instances grid: the engines of the whole invocation
+    sd_built_for = None  # --instances grid: the SD engine's drafts ("sd" or "sd_greedy")
     if args.instances == "grid":
         engines = {name: grid.build(name, None) for name in ("target", "mtad")}
     for cell_name, _, _ in CELLS:
         if cell_name not in args.cells or all((cell_name, b) in done for b in args.batches):
             continue
         configs = grid.configs(cell_name)
-        if args.instances == "grid" and grid.sd_of(cell_name) != engines.get("sd_name"):
+        if args.instances == "grid" and grid.sd_of(cell_name) != sd_built_for:
             if "sd" in engines:
                 close(engines.pop("sd"))  # before the build: it sets vLLM's parallel state up
                 release_memory()
             engines["sd"] = grid.build("sd", cell_name)
-            engines["sd_name"] = grid.sd_of(cell_name)
+            sd_built_for = grid.sd_of(cell_name)
         for batch in args.batches:
             if (cell_name, batch) in done:
                 continue
@@ -306,9 +307,9 @@ class Grid:
 def in_own_process(grid: Grid, cell_name, batch, r, configs, warm, timed, progress):
     """Grid.repeat on engines built afresh (in an order turned round from one repeat to the
     next), in a process spawned for this repeat and gone after it: memory a closed engine
-    leaves behind (in one process, the third set of three real-pair engines ran out of 24 GiB,
-    even with every closed engine collected and the C heap trimmed: ~1 GB more each set, 9f5d103)
-    goes with the process. ``progress(1)`` after every run."""
+    leaves behind goes with the process (in one process, the third set of three real-pair engines
+    ran out of 24 GiB at 8acb222; with every closed engine collected and the C heap trimmed the
+    process still grew ~1 GB a set, 9f5d103). ``progress(1)`` after every run."""
     import multiprocessing
     import queue
 
@@ -323,11 +324,14 @@ def in_own_process(grid: Grid, cell_name, batch, r, configs, warm, timed, progre
             try:
                 kind, payload = messages.get(timeout=5)
             except queue.Empty:
-                if not child.is_alive():
+                if child.is_alive():
+                    continue
+                try:  # its last message may have arrived between the wait and the check
+                    kind, payload = messages.get(timeout=1)
+                except queue.Empty:
                     raise RuntimeError(
                         f"the process of repeat {r} of ({cell_name}, batch {batch}) ended with "
                         f"exit code {child.exitcode} (-9: killed, out of memory?)") from None
-                continue
             if kind == "run":
                 progress(payload)
             elif kind == "error":

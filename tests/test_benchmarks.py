@@ -123,6 +123,17 @@ def test_vocab_kernels_runs(tmp_path):
 
 
 @pytest.mark.system
+def test_policy_decision_runs(tmp_path):
+    """The policy's decision-cost benchmark runs and reports a time per batch size."""
+    run_module(["benchmarks.policy_decision", "--batches", "1", "16", "--seconds", "0.05",
+                "--repeats", "2", "--out", str(tmp_path / "out")], tmp_path)
+    data = json.loads((tmp_path / "out" / "policy_decision.json").read_text())
+    assert [r["batch"] for r in data["rows"]] == [1, 16]
+    assert all(0 < r["ms_min"] <= r["ms_median"] <= r["ms_max"] for r in data["rows"])
+    assert data["environment"]["cpu_model"]
+
+
+@pytest.mark.system
 def test_kv_cost_beams_reserve_nothing_in_the_target_layers(tmp_path):
     """The issue's KV-cost workload on the tiny pair (24 MiB of KV, 32 sequences, 64 requests of
     96 + 64 tokens): MTAD's scheduler lookahead equals vLLM SD's; its draft-only scratch takes

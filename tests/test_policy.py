@@ -641,3 +641,25 @@ def test_the_no_draft_ratio_moves_a_step_at_a_time_and_ignores_stalls():
     assert r.value == pytest.approx(0.8, rel=1e-2)
     r.add(0.1, 0.0)  # no price to measure against: ignored
     assert r.samples == 22
+
+
+def test_a_decision_fits_each_cost_line_once(monkeypatch):
+    """choose() prices every arm with the same four lines (~100 coefficient reads at W, γ ≤ 4):
+    each line is solved once and kept until its next sample (uncached, a decision took 1.3 ms
+    at batch 48 on the 2-core CPU; ``python -m benchmarks.policy_decision``)."""
+    from benchmarks.policy_decision import fed_policy
+
+    costs_, stats, bounds, batch = fed_policy(16)
+    assert costs_.ready(8, bounds.max_tokens)
+    fits = []
+    real_fit = LinearCost._fit
+    monkeypatch.setattr(LinearCost, "_fit", lambda self: fits.append(self) or real_fit(self))
+    plan = choose(batch, costs_, stats, bounds, 1)
+    assert plan.goodput and plan.goodput > 0  # a priced choice, not the warm-up fallback
+    assert len(fits) == len({id(m) for m in fits}) <= 4
+    first = plan
+    fits.clear()
+    assert choose(batch, costs_, stats, bounds, 1) == first and fits == []  # nothing re-solved
+    costs_.verify.add((16, 0), 10.0)  # a new sample: that line (only) is solved again
+    choose(batch, costs_, stats, bounds, 1)
+    assert fits == [costs_.verify]

@@ -97,6 +97,9 @@ class LinearCost:
     samples: int = 0
     # Largest size seen per dimension: within it a prediction interpolates (see clip()).
     _seen: list = field(default_factory=list)
+    # coefficients() until the next add(): a decision prices every arm with the same lines,
+    # ~100 calls of ~13 µs each (measured: 1.2-1.4 ms a decision at batch 16-48 uncached).
+    _coef: tuple | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         d = self.dims
@@ -122,9 +125,15 @@ class LinearCost:
                 self._xx[i][j] = d * self._xx[i][j] + x[i] * x[j]
             self._seen[i] = max(self._seen[i], x[i])
         self.samples += 1
+        self._coef = None
 
     def coefficients(self) -> tuple:
         """(intercept, slope_1, ..., slope_dims); zeros before any sample."""
+        if self._coef is None:
+            self._coef = self._fit()
+        return self._coef
+
+    def _fit(self) -> tuple:
         n = self.dims
         if self._w == 0.0:
             return (0.0,) * (n + 1)
