@@ -97,8 +97,9 @@ class LinearCost:
     samples: int = 0
     # Largest size seen per dimension: within it a prediction interpolates (see clip()).
     _seen: list = field(default_factory=list)
-    # coefficients() until the next add(): a decision prices every arm with the same lines,
-    # ~100 calls of ~13 µs each (measured: 1.2-1.4 ms a decision at batch 16-48 uncached).
+    # coefficients() until the next add(): a decision prices every arm with the same lines
+    # (98 reads at batch 48; 1.1-1.2 ms a decision solving each time, 0.13-0.20 ms cached:
+    # benchmarks/reports/policy-decision-cpu).
     _coef: tuple | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
