@@ -474,9 +474,11 @@ def _plot(cells, path) -> None:
     except ImportError:
         return
     names = list(dict.fromkeys(c["cell"] for c in cells))
+    configs = list(dict.fromkeys(c["config"] for c in cells))
+    colours = {config: f"C{i % 10}" for i, config in enumerate(configs)}  # same in every panel
     fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
     for ax, name in zip(axes[0], names):
-        for config in dict.fromkeys(c["config"] for c in cells):
+        for config in configs:
             pts = sorted((c["batch"], c["tok_s"], c["min"], c["max"]) for c in cells
                          if c["cell"] == name and c["config"] == config)
             if not pts:
@@ -484,7 +486,7 @@ def _plot(cells, path) -> None:
             xs, ys, lo, hi = zip(*pts)
             ax.errorbar(xs, ys, yerr=[[y - a for y, a in zip(ys, lo)],
                                       [b - y for y, b in zip(ys, hi)]], marker="o",
-                        capsize=3, label=config)
+                        capsize=3, label=config, color=colours[config])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch (requests at once)")
         ax.set_ylabel("output tokens/s")
