@@ -1,4 +1,5 @@
-"""What one decision of the speculation policy costs on the host (no model, no vLLM).
+"""What one decision of the speculation policy costs on the host (no model; vLLM only for the
+environment record).
 
 The policy prices every (W, γ) arm before each step (``vllm_mtad.core.policy.choose``). This
 times one decision at a few batch sizes on cost lines and acceptance statistics fed synthetic

@@ -657,9 +657,8 @@ def test_a_decision_fits_each_cost_line_once(monkeypatch):
     plan = choose(batch, costs_, stats, bounds, 1)
     assert plan.goodput and plan.goodput > 0  # a priced choice, not the warm-up fallback
     assert len(fits) == len({id(m) for m in fits}) <= 4
-    first = plan
     fits.clear()
-    assert choose(batch, costs_, stats, bounds, 1) == first and fits == []  # nothing re-solved
+    assert choose(batch, costs_, stats, bounds, 1) == plan and fits == []  # nothing re-solved
     costs_.verify.add((16, 0), 10.0)  # a new sample: that line (only) is solved again
     choose(batch, costs_, stats, bounds, 1)
     assert fits == [costs_.verify]
