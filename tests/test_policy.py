@@ -43,11 +43,17 @@ def stats_with(rates_by_width: dict, G=4, W=4, drafts=400, cls="sampled"):
     accepted length L with P(L >= i) = r^i (recorded as exact expected counts)."""
     stats = policy.new_stats(W, G)
     for w, r in rates_by_width.items():
+        # Each width recorded on its own, then put beside the others: widths measured side by
+        # side (recorded one after another, the first would age by the later ones' drafts).
+        own = AcceptanceStats(W, G)
         for L in range(G + 1):  # P(L = l) = r^l (1 - r) for l < G, r^G for l = G
             p = r ** L * (1 - r) if L < G else r ** G
             n = round(drafts * p)
             if n:
-                stats[cls].record(w, G, L, n)
+                own.record(w, G, L, n)
+        stats[cls].drafted[w - 1] = own.drafted[w - 1]
+        stats[cls].passed[w - 1] = own.passed[w - 1]
+        stats[cls].drafts += own.drafts
     return stats
 
 
@@ -79,10 +85,28 @@ def test_acceptance_stats_prior_and_measured():
     # A width never tried reads as the pooled estimate (here: near the W=4 one), not the prior.
     assert s.expected_accepted(1, 4) > 3.5
     assert s.expected_accepted(4, 2) == pytest.approx(2.0, abs=0.05)  # shorter draft
-    for _ in range(2000):
+    for _ in range(1000):  # both widths drafted, in turn: their statistics stay apart
         s.record(1, 4, 0)  # W=1 drafts all rejected
-    assert s.expected_accepted(1, 4) < 0.05
-    assert s.expected_accepted(4, 4) > 3.9  # per-width statistics stay apart
+        s.record(4, 4, 4)
+    assert s.expected_accepted(1, 4) < 0.1
+    assert s.expected_accepted(4, 4) > 3.8
+    # A width no longer drafted ages with the others' drafts, back to the pooled figure.
+    for _ in range(2000):
+        s.record(1, 4, 0)
+    assert s.expected_accepted(4, 4) < 0.1
+
+
+def test_a_width_not_drafted_forgets_a_figure_from_long_ago():
+    """The history case (benchmarks/reports/README.md, history-b4-then-b1): four beams measured
+    on 8 early drafts that did badly, then only one beam drafted (1,000 drafts). Four beams'
+    figure is the pooled one again, not the early drafts'."""
+    s = AcceptanceStats(beam_width=4, max_tokens=4)
+    s.record_batch(4, [(4, 1, 8)])
+    early = s.expected_accepted(4, 4)
+    s.record_batch(1, [(4, 4, 500), (4, 3, 500)])
+    assert early < 2.5
+    assert s.expected_accepted(4, 4) == pytest.approx(s.expected_accepted(1, 4), abs=0.1)
+    assert s.drafted[3][3] < 8 * 0.01  # its counts aged with the one-beam drafts
 
 
 def test_each_draft_length_is_priced_by_what_the_rule_accepts_of_that_length():
@@ -284,7 +308,7 @@ def test_exploration_cycles_other_arms_on_its_period():
         assert choose(batch, c, stats, b, step=16, explore_period=16).num_tokens == 0
         c.no_draft_ratio(16).add(1.0, 1.0)
     seen = set()
-    for step in range(16, 16 * 7, 16):
+    for step in range(16, 16 * 13, 16):  # the cycle's arms: every other exploration turn
         plan = choose(batch, c, stats, b, step=step, explore_period=16)
         assert plan.explore and (plan.beam_width, plan.num_tokens) != (best.beam_width,
                                                                        best.num_tokens)
@@ -662,3 +686,82 @@ def test_a_decision_fits_each_cost_line_once(monkeypatch):
     costs_.verify.add((16, 0), 10.0)  # a new sample: that line (only) is solved again
     choose(batch, costs_, stats, bounds, 1)
     assert fits == [costs_.verify]
+
+
+def measured(rates_by_width: dict, G=4, W=4, drafts=400, cls="sampled"):
+    """Acceptance stats of ``drafts`` drafts per width, measured side by side in one window
+    (no draft aged by another; stats_with's sequential records weigh its later, fully accepted
+    drafts more): every position passes with rate r[w]."""
+    stats = policy.new_stats(W, G)
+    window = {}
+    for w, r in rates_by_width.items():
+        cells = [(G, L, round(drafts * (r ** L * (1 - r) if L < G else r ** G)))
+                 for L in range(G + 1)]
+        window[w] = (cells, None)
+    stats[cls].record_window(window)
+    return stats
+
+
+def _simulate(stats, rates, steps, G=4, cls="sampled"):
+    """Batch 1, beam rows free: ``steps`` decisions, each drafting what choose() picked and
+    recording what a draft by that width would have had accepted (every position passing with
+    probability rates[W]); returns the plans."""
+    import random
+
+    truth = random.Random(7)
+    c = costs(verify=(0.1, 0.0), beam=(0.03, 0.0))
+    for _ in range(3):
+        c.no_draft_ratio(1).add(1.0, 1.0)
+    plans = []
+    for step in range(1, steps + 1):
+        plan = choose(Batch({cls: 1}), c, stats, Bounds(4, G), step=step)
+        plans.append(plan)
+        w, g = plan.beam_width, plan.num_tokens
+        if g:
+            accepted = 0
+            while accepted < g and truth.random() < rates[w]:
+                accepted += 1
+            stats[cls].record_batch(w, [(g, accepted, 1)])
+    return plans
+
+
+def test_an_arm_measured_low_long_ago_is_tried_again_and_taken():
+    """The history case, simulated: four beams (truly 0.92 a position) measured on 8 early
+    drafts that did badly, then one beam (0.85) on 400; three beams (0.9) never. Four beams'
+    figure ages with the one-beam drafts, the optimistic exploration turn tries the wide arms
+    again, and wide beams are taken (three or four: within 4 % of each other here). (With
+    counts aging by their own arm's drafts and the cycle alone, one beam was drafted in 99 of
+    the last 100 of 600 steps.)"""
+    rates = {1: 0.85, 2: 0.87, 3: 0.9, 4: 0.92}
+    stats = measured({1: 0.85})
+    stats["sampled"].record_batch(4, [(4, 1, 8)])
+    plans = _simulate(stats, rates, 600)
+    assert sum(p.beam_width >= 3 for p in plans[-100:]) > 80
+    assert sum(p.beam_width == 1 for p in plans[-100:]) < 10
+
+
+def test_the_optimistic_turn_explores_only_an_arm_that_may_be_better():
+    """Exploration turns alternate: the cycle's arm, then the arm with the highest upper bound
+    on its goodput, only where that bound beats the best arm's price (else the cycle's)."""
+    b = Bounds(beam_width=4, max_tokens=4)
+    batch = Batch({"sampled": 1}, first_pass_tokens=5)
+    c = costs(beam=(0.01, 0.0))
+    for _ in range(3):
+        c.no_draft_ratio(1).add(1.0, 1.0)
+    # W=2 never drafted (its figure: the pooled one, with the prior's few pseudo-drafts),
+    # the others on 400 drafts each: W=2 may be the best, and the optimistic turn tries it.
+    stats = measured({1: 0.8, 3: 0.8, 4: 0.8})
+    best = choose(batch, c, stats, b, step=1)
+    optimistic = choose(batch, c, stats, b, step=32)
+    cycle = choose(batch, c, stats, b, step=16)
+    assert optimistic.explore and optimistic.beam_width == 2
+    assert cycle.explore and cycle.beam_width != 2
+    assert (best.beam_width, best.num_tokens) != (2, optimistic.num_tokens)
+    # Every width measured on many drafts, one clearly ahead: no arm's bound beats the best
+    # arm's price, and the turn goes to the cycle.
+    stats = measured({1: 0.6, 2: 0.65, 3: 0.7, 4: 0.9}, drafts=4000)
+    best = choose(batch, c, stats, b, step=1)
+    assert (best.beam_width, best.num_tokens) == (4, 4)
+    cycle_arms = {(1, 4), (4, 2), (4, 1), (1, 0)}
+    assert (choose(batch, c, stats, b, step=32).beam_width,
+            choose(batch, c, stats, b, step=32).num_tokens) in cycle_arms

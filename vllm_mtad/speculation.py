@@ -193,8 +193,11 @@ class SpeculationController:
         for (cls, width, length, accepted, real), n in self._cells(
                 [a - b for a, b in zip(now, self._hist_read)]):
             cells.setdefault((cls, width), ([], []))[1 - real].append((length, accepted, n))
-        for (cls, width), (drafts, prefixes) in cells.items():
-            self.stats[cls].record_batch(width, drafts, prefixes)
+        by_class: dict = {}
+        for (cls, width), window in cells.items():
+            by_class.setdefault(cls, {})[width] = window
+        for cls, by_width in by_class.items():
+            self.stats[cls].record_window(by_width)
         self._hist_read = now
 
     def verified(self) -> tuple[int, int]:

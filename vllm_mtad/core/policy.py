@@ -51,8 +51,11 @@ sampled from the target.
 Nothing here knows the machine: where beam rows are free (batch 1, a GPU at moderate batch)
 the fitted beam-step slope is ~0 and W = beam_width wins on acceptance; where they cost (a
 CPU at batch 16) the slope is measured and W = 1 or γ = 0 wins. Until the models have data the
-policy drafts the configured (beam_width, num_speculative_tokens); afterwards one step in
-``explore_period`` tries another arm so that the estimates of arms not chosen stay current.
+policy drafts the configured (beam_width, num_speculative_tokens); afterwards each step's
+acceptance estimates are drawn from their posteriors (Thompson sampling, :func:`choose`), so an
+arm whose acceptance may be the best is drafted and measured, and one step in
+``explore_period`` tries another arm so that the cost lines are measured at sizes the chosen
+arms never reach (the shortest draft, no draft).
 
 Classes: "sampled" (temperature > 0), "joint" and "exact" (greedy, by acceptance mode). Exact
 rows always draft with one beam (the draft's argmax chain: under exact acceptance the chain
@@ -203,7 +206,13 @@ def _solve(a: list, b: list) -> list:
 @dataclass
 class AcceptanceStats:
     """Per beam width W and draft length g: how often a draft of g tokens had at least i of
-    them accepted (i = 1..g), with exponential forgetting per recorded draft.
+    them accepted (i = 1..g), with exponential forgetting per recorded draft of any width and
+    length: the counts of an arm the policy stopped drafting age with the drafts of the
+    others, and its estimate returns to the prior (the widths' pooled figure, the shorter
+    length's) instead of keeping an old one for the engine's life. (Aging by the arm's own
+    drafts kept the figure of four beams measured on the first requests' openings, 2.78 of 4
+    tokens where whole requests give 3.58, through every later batch size: real pair,
+    history-b4-then-b1 in benchmarks/reports/README.md.)
 
     Per length, because MTAD accepts the *largest* passing prefix: a longer draft can have its
     first g tokens accepted where a draft of g tokens would not (the joint ratio passes again
@@ -253,31 +262,41 @@ class AcceptanceStats:
         histogram read in order of acceptance, after many steps, then reads as far more
         optimistic than its mean; measured on the real pair, 3.74 accepted tokens expected
         where 173 drafts had 3.49.)"""
+        self.record_window({width: (cells, prefix_cells)})
+
+    def record_window(self, by_width: dict) -> None:
+        """One window's drafts of every width, ``{width: (cells, prefix_cells)}`` as in
+        :meth:`record_batch`: the older counts, of every width and length, decay once by the
+        window's drafts, whatever their width and length (recorded width by width, a window's
+        first width would age by the later ones' drafts)."""
         G = self.max_tokens
-        cells = [(min(d, G), min(a, d, G), n) for d, a, n in cells if d > 0 and n > 0]
-        if prefix_cells is None:
-            prefix_cells = [(g, min(a, g), n) for d, a, n in cells for g in range(1, d)]
-        entries = cells + [(min(g, G), min(a, g, G), n) for g, a, n in prefix_cells
-                           if 0 < g and n > 0]
+        entries, drafts = {}, 0
+        for width, (cells, prefix_cells) in by_width.items():
+            cells = [(min(d, G), min(a, d, G), n) for d, a, n in cells if d > 0 and n > 0]
+            if prefix_cells is None:
+                prefix_cells = [(g, min(a, g), n) for d, a, n in cells for g in range(1, d)]
+            e = cells + [(min(g, G), min(a, g, G), n) for g, a, n in prefix_cells
+                         if 0 < g and n > 0]
+            if e:
+                w = min(max(width, 1), self.beam_width) - 1
+                entries.setdefault(w, []).extend(e)
+                drafts += sum(n for _, _, n in cells)
         if not entries:
             return
-        w = min(max(width, 1), self.beam_width) - 1
-        new = [0] * G
-        for g, _, n in entries:
-            new[g - 1] += n
-        for g in range(1, G + 1):
-            if new[g - 1]:
-                keep = self.decay ** new[g - 1]
-                self.drafted[w][g - 1] *= keep
-                row = self.passed[w][g - 1]
+        self.drafts += drafts
+        keep = self.decay ** drafts
+        for v in range(self.beam_width):  # every width and length ages (class docstring)
+            for g in range(1, G + 1):
+                self.drafted[v][g - 1] *= keep
+                row = self.passed[v][g - 1]
                 for i in range(g):
                     row[i] *= keep
-        for g, a, n in entries:
-            self.drafted[w][g - 1] += n
-            row = self.passed[w][g - 1]
-            for i in range(a):
-                row[i] += n
-        self.drafts += sum(n for _, _, n in cells)
+        for w, e in entries.items():
+            for g, a, n in e:
+                self.drafted[w][g - 1] += n
+                row = self.passed[w][g - 1]
+                for i in range(a):
+                    row[i] += n
         self._rates = None
 
     def _estimates(self) -> list:
@@ -302,9 +321,10 @@ class AcceptanceStats:
 
     def expected_accepted(self, width: int, num_tokens: int, confidence: float = 0.0) -> float:
         """E[accepted tokens] of a draft of ``num_tokens`` by ``width`` beams; with
-        ``confidence`` c > 0, c standard errors below it (a pessimistic estimate: each
-        position's rate counts the drafts of this length and the prior's weight, and the
-        positions' errors add as if independent), never below 0."""
+        ``confidence`` c != 0, c standard errors below it (c > 0: a pessimistic estimate; c < 0:
+        above it, as a posterior draw may be; each position's rate counts the drafts of this
+        length and the prior's weight, and the positions' errors add as if independent), within
+        [0, num_tokens]."""
         g = min(num_tokens, self.max_tokens)
         if g <= 0:
             return 0.0
@@ -317,7 +337,9 @@ class AcceptanceStats:
             envelope = min(envelope, r)
             total += envelope
             variance += r * (1.0 - r) / n
-        return max(0.0, total - confidence * variance ** 0.5) if confidence else total
+        if not confidence:
+            return total
+        return min(float(g), max(0.0, total - confidence * variance ** 0.5))
 
 
 @dataclass(frozen=True)
@@ -575,13 +597,24 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
     (an exploration arm) is not chosen over a well-measured one for a lucky streak.
 
     Before ``costs`` has ``min_samples`` of each component: the configured (beam_width,
-    max_tokens), so the first steps measure the fixed setting. Afterwards, at every
-    ``explore_period``-th step an exploration arm (cycling through W = 1 and W = beam_width at
-    the full length, half the length, the shortest draft of at least one token and, where the
-    bounds allow it, no draft) unless it is the best arm already. The shortest arm keeps the
-    verify line measured at sizes the long drafts never reach; the step without a draft
-    measures what not drafting costs (CostModel.no_draft) while the policy drafts, and is
-    explored first until ``min_no_draft`` steps of this batch size have measured it."""
+    max_tokens), so the first steps measure the fixed setting. Afterwards one step in
+    ``explore_period`` explores, in turn (unless it would pick the best arm):
+
+    - an arm of a fixed cycle (W = 1 and W = beam_width at the full length, half
+      the length, the shortest draft of at least one token and, where the bounds allow it, no
+      draft), for the cost lines: the shortest arm keeps the verify line measured at sizes the
+      long drafts never reach; the step without a draft measures what not drafting costs
+      (CostModel.no_draft) while the policy drafts, and is explored first until
+      ``min_no_draft`` steps of this batch size have measured it;
+    - the drafting arm with the best goodput priced ``confidence`` standard errors *above*
+      its expected tokens (an upper confidence bound), where that beats the best arm's price,
+      for the acceptance estimates: the arm that may be the best and is measured least (where
+      none may be better, the cycle's next arm). With
+      the cycle alone, after batch 4 had measured four beams on a few unlucky drafts, batch 1
+      explored them twice in ~160 steps and kept drafting one beam (real pair,
+      history-b4-then-b1 in benchmarks/reports/README.md); the widths' counts now age with
+      every width's drafts (AcceptanceStats), so such a figure fades and its arm's bound
+      grows until it is tried again."""
     only_exact = batch.rows.get("exact", 0) == batch.size
     full_width = 1 if only_exact else bounds.beam_width
     if batch.size == 0 or not costs.ready(min_samples, bounds.max_tokens):
@@ -617,15 +650,38 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
         # took 0.11 s).
         candidates = [c for c in candidates
                       if expected_tokens(batch, stats, *c) > batch.size + 1e-9] + skip
+        turn = step // explore_period
         if skip and costs.no_draft_ratio(batch.size).samples < min_no_draft:
             # Not measured at this batch size yet: before the other arms (one sample moves
             # the price by up to 2x; the drafting arms are fitted on every drafting step).
             candidates = skip
+        elif turn % 2 == 0:  # the optimistic turn (docstring)
+            pick = _optimistic_arm(batch, costs, stats, bounds, (w, g), best_goodput,
+                                   confidence)
+            if pick is not None:
+                candidates = [pick]
         if candidates:
-            ew, eg = candidates[(step // explore_period) % len(candidates)]
+            ew, eg = candidates[(turn // 2) % len(candidates)]
             return Plan(ew, eg, explore=True,
                         goodput=goodput(batch, costs, stats, ew, eg, amortise=False))
     return Plan(w, g, goodput=best_goodput)
+
+
+def _optimistic_arm(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds,
+                    best: tuple, best_goodput: float, confidence: float):
+    """The drafting arm other than ``best`` with the highest goodput priced ``confidence``
+    standard errors above its expected tokens, if that beats ``best_goodput`` (else None:
+    no arm may be better); the arms :func:`choose`'s cycle leaves out are left out."""
+    owed = costs.reading_time(batch)
+    bound, pick = best_goodput, None
+    for c in arms(bounds, batch):
+        if c == best or c[1] == 0 or owed > costs.step_time(batch, *c, owed_share=0.0) \
+                or expected_tokens(batch, stats, *c) <= batch.size + 1e-9:
+            continue
+        value = goodput(batch, costs, stats, *c, confidence=-confidence)
+        if value > bound + 1e-12:
+            bound, pick = value, c
+    return pick
 
 
 def new_stats(beam_width: int, max_tokens: int) -> dict:
