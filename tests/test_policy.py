@@ -730,12 +730,12 @@ def test_an_arm_measured_low_long_ago_is_tried_again_and_taken():
     drafts that did badly, then one beam (0.85) on 400; three beams (0.9) never. Four beams'
     figure ages with the one-beam drafts, the optimistic exploration turn tries the wide arms
     again, and wide beams are taken (three or four: within 4 % of each other here). (With
-    counts aging by their own arm's drafts and the cycle alone, one beam was drafted in 99 of
-    the last 100 of 600 steps.)"""
+    counts aging by their own width's drafts and the cycle alone, one beam was drafted in 99
+    of the last 100 of 1,000 steps.)"""
     rates = {1: 0.85, 2: 0.87, 3: 0.9, 4: 0.92}
     stats = measured({1: 0.85})
     stats["sampled"].record_batch(4, [(4, 1, 8)])
-    plans = _simulate(stats, rates, 600)
+    plans = _simulate(stats, rates, 1000)
     assert sum(p.beam_width >= 3 for p in plans[-100:]) > 80
     assert sum(p.beam_width == 1 for p in plans[-100:]) < 10
 

@@ -206,13 +206,18 @@ def _solve(a: list, b: list) -> list:
 @dataclass
 class AcceptanceStats:
     """Per beam width W and draft length g: how often a draft of g tokens had at least i of
-    them accepted (i = 1..g), with exponential forgetting per recorded draft of any width and
-    length: the counts of an arm the policy stopped drafting age with the drafts of the
-    others, and its estimate returns to the prior (the widths' pooled figure, the shorter
-    length's) instead of keeping an old one for the engine's life. (Aging by the arm's own
-    drafts kept the figure of four beams measured on the first requests' openings, 2.78 of 4
-    tokens where whole requests give 3.58, through every later batch size: real pair,
-    history-b4-then-b1 in benchmarks/reports/README.md.)
+    them accepted (i = 1..g), with exponential forgetting per recorded draft of that length
+    (a longer draft's prefix counts as one), whatever its width: the counts of a width the
+    policy stopped drafting age with the others' drafts, and its estimate returns to the prior
+    (the widths' pooled figure) instead of keeping an old one for the engine's life. (Aging by
+    the width's own drafts kept the figure of four beams measured on the first requests'
+    openings, 2.78 of 4 tokens where whole requests give 3.58, through every later batch size:
+    real pair, history-b4-then-b1 in benchmarks/reports/README.md.) Not by drafts of other
+    lengths: a length's counts then age only while drafts measure it anew, since its prior
+    (the shorter length's estimate, times ``prior_rate`` at its last position) reads lower
+    than a good draft does. (Aged by every draft, a run of one-token drafts at batch 4 left
+    four-token drafts priced by that prior, and batch 1 after it drafted three tokens where
+    fresh it drafted four: history-b4-then-b1/e8eccae.)
 
     Per length, because MTAD accepts the *largest* passing prefix: a longer draft can have its
     first g tokens accepted where a draft of g tokens would not (the joint ratio passes again
@@ -266,11 +271,12 @@ class AcceptanceStats:
 
     def record_window(self, by_width: dict) -> None:
         """One window's drafts of every width, ``{width: (cells, prefix_cells)}`` as in
-        :meth:`record_batch`: the older counts, of every width and length, decay once by the
-        window's drafts, whatever their width and length (recorded width by width, a window's
-        first width would age by the later ones' drafts)."""
+        :meth:`record_batch`: each length's older counts, of every width, decay once by the
+        window's new drafts of that length (a longer draft's prefix counts as one), whatever
+        their width (recorded width by width, a window's first width would age by the later
+        ones' drafts)."""
         G = self.max_tokens
-        entries, drafts = {}, 0
+        entries = {}
         for width, (cells, prefix_cells) in by_width.items():
             cells = [(min(d, G), min(a, d, G), n) for d, a, n in cells if d > 0 and n > 0]
             if prefix_cells is None:
@@ -280,17 +286,21 @@ class AcceptanceStats:
             if e:
                 w = min(max(width, 1), self.beam_width) - 1
                 entries.setdefault(w, []).extend(e)
-                drafts += sum(n for _, _, n in cells)
+                self.drafts += sum(n for _, _, n in cells)
         if not entries:
             return
-        self.drafts += drafts
-        keep = self.decay ** drafts
-        for v in range(self.beam_width):  # every width and length ages (class docstring)
-            for g in range(1, G + 1):
-                self.drafted[v][g - 1] *= keep
-                row = self.passed[v][g - 1]
-                for i in range(g):
-                    row[i] *= keep
+        new = [0] * G
+        for e in entries.values():
+            for g, _, n in e:
+                new[g - 1] += n
+        for g in range(1, G + 1):
+            if new[g - 1]:
+                keep = self.decay ** new[g - 1]
+                for v in range(self.beam_width):  # every width ages (class docstring)
+                    self.drafted[v][g - 1] *= keep
+                    row = self.passed[v][g - 1]
+                    for i in range(g):
+                        row[i] *= keep
         for w, e in entries.items():
             for g, a, n in e:
                 self.drafted[w][g - 1] += n
@@ -322,8 +332,8 @@ class AcceptanceStats:
     def expected_accepted(self, width: int, num_tokens: int, confidence: float = 0.0) -> float:
         """E[accepted tokens] of a draft of ``num_tokens`` by ``width`` beams; with
         ``confidence`` c != 0, c standard errors below it (c > 0: a pessimistic estimate; c < 0:
-        above it, as a posterior draw may be; each position's rate counts the drafts of this
-        length and the prior's weight, and the positions' errors add as if independent), within
+        an optimistic one, above it; each position's rate counts the drafts of this length and
+        the prior's weight, and the positions' errors add as if independent), within
         [0, num_tokens]."""
         g = min(num_tokens, self.max_tokens)
         if g <= 0:
@@ -600,21 +610,20 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
     max_tokens), so the first steps measure the fixed setting. Afterwards one step in
     ``explore_period`` explores, in turn (unless it would pick the best arm):
 
-    - an arm of a fixed cycle (W = 1 and W = beam_width at the full length, half
-      the length, the shortest draft of at least one token and, where the bounds allow it, no
-      draft), for the cost lines: the shortest arm keeps the verify line measured at sizes the
-      long drafts never reach; the step without a draft measures what not drafting costs
+    - an arm of a fixed cycle (W = 1 and W = beam_width at the full length, half the length,
+      the shortest draft of at least one token and, where the bounds allow it, no draft), for
+      the cost lines: the shortest arm keeps the verify line measured at sizes the long drafts
+      never reach; the step without a draft measures what not drafting costs
       (CostModel.no_draft) while the policy drafts, and is explored first until
       ``min_no_draft`` steps of this batch size have measured it;
-    - the drafting arm with the best goodput priced ``confidence`` standard errors *above*
-      its expected tokens (an upper confidence bound), where that beats the best arm's price,
-      for the acceptance estimates: the arm that may be the best and is measured least (where
-      none may be better, the cycle's next arm). With
-      the cycle alone, after batch 4 had measured four beams on a few unlucky drafts, batch 1
-      explored them twice in ~160 steps and kept drafting one beam (real pair,
-      history-b4-then-b1 in benchmarks/reports/README.md); the widths' counts now age with
-      every width's drafts (AcceptanceStats), so such a figure fades and its arm's bound
-      grows until it is tried again."""
+    - the drafting arm with the best goodput priced ``confidence`` standard errors *above* its
+      expected tokens (an upper confidence bound), where that beats the best arm's price, for
+      the acceptance estimates: the arm that may be the best and is measured least (where none
+      may be better, the cycle's next arm). With the cycle alone, after batch 4 had measured
+      four beams on a few unlucky drafts, batch 1 explored them twice in ~160 steps and kept
+      drafting one beam (real pair, history-b4-then-b1 in benchmarks/reports/README.md); the
+      widths' counts now age with every width's drafts of their length (AcceptanceStats), so
+      such a figure fades and its arm's bound grows until it is tried again."""
     only_exact = batch.rows.get("exact", 0) == batch.size
     full_width = 1 if only_exact else bounds.beam_width
     if batch.size == 0 or not costs.ready(min_samples, bounds.max_tokens):

@@ -1,0 +1,128 @@
+"""The speculation policy's choices on a simulated engine: how close to the best arm it drafts,
+fresh and after a history that mismeasured an arm (no model, no timing: exact cost lines and
+acceptance drawn from known rates, so the best arm is known).
+
+Each step asks ``vllm_mtad.core.policy.choose`` for (W, γ) with the code it imports, then
+records what a draft of that width and length would have had accepted, every position passing
+with the scenario's rate for that width (seeded). Reported per scenario, start and window of
+steps: the mean over seeds of the chosen arm's true goodput over the best arm's (1 = always the
+best arm). Scenarios:
+
+- ``free b1``: batch 1, beam rows free, more beams accept more (0.85, 0.87, 0.9, 0.92 a
+  position for W = 1..4): four beams, γ = 4 are the best;
+- ``tie b1``: the same with the widths within 2 % of each other;
+- ``costly b4``: batch 4, each beam row costs 8 ms a beam step: one beam or a short draft.
+
+Starts: ``fresh`` (no statistics; the first 8 steps draft the configured W = 4, γ = 4, as the
+engine does before its cost lines are ready) and ``history`` (one beam measured on 400 drafts
+at 0.85; four beams on 8 early drafts that had 1 of 4 tokens accepted: the case in
+benchmarks/reports/README.md, history-b4-then-b1). Only ``choose`` and
+``AcceptanceStats.record_batch`` are used, so the script runs on earlier commits too (put
+that commit's tree first on PYTHONPATH) to compare policies.
+
+    python -m benchmarks.policy_sim --out DIR           # a few seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+from collections import Counter
+
+from benchmarks.common import markdown_table, write_outputs
+
+SCENARIOS = {  # name: (acceptance rate a position by W, seconds a beam row costs, batch)
+    "free b1": ({1: 0.85, 2: 0.87, 3: 0.9, 4: 0.92}, 0.0, 1),
+    "tie b1": ({1: 0.88, 2: 0.885, 3: 0.89, 4: 0.895}, 0.0, 1),
+    "costly b4": ({1: 0.85, 2: 0.87, 3: 0.9, 4: 0.92}, 0.008, 4),
+}
+WINDOWS = ((0, 100), (100, 300), (300, 600), (600, 1000))
+
+
+def _line(policy, intercept, slope, prefill=None):
+    """A cost line fitted on exact samples over varied sizes (as the engine's own are)."""
+    dims = 1 if prefill is None else 2
+    m = policy.LinearCost(dims=dims)
+    for i in range(40):
+        x = (1, 4, 16, 48, 80)[i % 5]
+        p = (0, 0, 150, 0, 600)[i % 5]
+        m.add(x if dims == 1 else (x, p), intercept + slope * x + (prefill or 0.0) * p)
+    return m
+
+
+def costs(policy, beam_row: float):
+    return policy.CostModel(verify=_line(policy, 0.1, 0.004, 0.004),
+                            first_pass=_line(policy, 0.03, 0.001, 0.001),
+                            beam_step=_line(policy, 0.03, beam_row),
+                            rest=_line(policy, 0.001, 0.0))
+
+
+def run(scenario: str, start: str, seed: int, steps: int = 1000) -> list[float]:
+    """Per step: the chosen arm's true goodput over the best arm's."""
+    from vllm_mtad.core import policy
+
+    rates, beam_row, B = SCENARIOS[scenario]
+    c = costs(policy, beam_row)
+    for _ in range(3):  # steps without a draft measured at this batch size
+        c.no_draft_ratio(B).add(1.0, 1.0)
+    batch = policy.Batch({"sampled": B})
+
+    def true_goodput(w, g):
+        tokens = B * (1 + sum(rates[w] ** i for i in range(1, g + 1)))
+        return tokens / c.step_time(batch, w, g)
+
+    best = max(true_goodput(w, g) for w in rates for g in range(5))
+    stats = policy.new_stats(4, 4)
+    if start == "history":
+        r = 0.85
+        stats["sampled"].record_batch(4, [(4, 1, 8)])
+        stats["sampled"].record_batch(1, [(4, k, round(400 * (r ** k * (1 - r) if k < 4
+                                                              else r ** 4))) for k in range(5)])
+    truth = random.Random(1000 + seed)
+    out = []
+    for step in range(1, steps + 1):
+        if start == "fresh" and step <= 8:
+            w, g = 4, 4
+        else:
+            plan = policy.choose(batch, c, stats, policy.Bounds(4, 4), step=step)
+            w, g = plan.beam_width, plan.num_tokens
+        out.append(true_goodput(w, g) / best)
+        if g:
+            cells = Counter()
+            for _ in range(B):
+                k = 0
+                while k < g and truth.random() < rates[w]:
+                    k += 1
+                cells[k] += 1
+            stats["sampled"].record_batch(w, [(g, k, n) for k, n in cells.items()])
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--label", default="", help="a name for the code measured (the table's)")
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args(argv)
+    rows = []
+    for scenario in SCENARIOS:
+        for start in ("fresh", "history"):
+            runs = [run(scenario, start, s) for s in range(args.seeds)]
+            row = {"code": args.label, "scenario": scenario, "start": start}
+            for lo, hi in WINDOWS:
+                row[f"steps {lo + 1}-{hi}"] = statistics.mean(
+                    statistics.mean(r[lo:hi]) for r in runs)
+            rows.append(row)
+            print(row, flush=True)
+    cols = [("code", "code"), ("scenario", "scenario"), ("start", "start")] + [
+        (f"steps {lo + 1}-{hi}", f"steps {lo + 1}-{hi}") for lo, hi in WINDOWS]
+    table = markdown_table(rows, cols)
+    write_outputs("policy_sim", {"args": vars(args), "scenarios": {
+        k: {"rates": v[0], "beam_row_seconds": v[1], "batch": v[2]}
+        for k, v in SCENARIOS.items()}, "rows": rows}, table, args.out)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
