@@ -213,11 +213,12 @@ class AcceptanceStats:
     the width's own drafts kept the figure of four beams measured on the first requests'
     openings, 2.78 of 4 tokens where whole requests give 3.58, through every later batch size:
     real pair, history-b4-then-b1 in benchmarks/reports/README.md.) Not by drafts of other
-    lengths: a length's counts then age only while drafts measure it anew, since its prior
-    (the shorter length's estimate, times ``prior_rate`` at its last position) reads lower
-    than a good draft does. (Aged by every draft, a run of one-token drafts at batch 4 left
-    four-token drafts priced by that prior, and batch 1 after it drafted three tokens where
-    fresh it drafted four: history-b4-then-b1/e8eccae.)
+    lengths: a length's counts age only while drafts measure it anew, since its prior (the
+    shorter length's estimate, times ``prior_rate`` at its last position) reads lower than a
+    good draft does. (Aged by every draft, 200 four-token drafts at 0.85 a position, 2.70
+    tokens expected, then 1,000 one-token drafts at 0.75: four tokens read 2.40, and the
+    real-pair run of batch 4 then batch 1 drafted three tokens at batch 1 where fresh it
+    drafts four: history-b4-then-b1/e8eccae.)
 
     Per length, because MTAD accepts the *largest* passing prefix: a longer draft can have its
     first g tokens accepted where a draft of g tokens would not (the joint ratio passes again
