@@ -323,7 +323,8 @@ def force_plans(plans):
     """For ``LLM.collective_rpc(force_plans(...))``: make every MTAD runner cycle through
     ``plans`` ([(W, γ), ...]; None: back to the policy) from its next step, from the cycle's
     start. The policy's step count goes on: its exploration schedule (policy.choose: one step
-    in explore_period, cycling through the other arms) is the one a server's engine follows.
+    in explore_period, a cycle's arm and the optimistic arm in turn) is the one a server's
+    engine follows.
     (Reset here, it restarted at every benchmark run, and runs of ~50 steps at batch 1 never
     reached its fourth arm: W = beam_width, γ = max; measured in grid b1fc3b7.)"""
     def apply(worker):

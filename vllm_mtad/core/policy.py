@@ -51,11 +51,11 @@ sampled from the target.
 Nothing here knows the machine: where beam rows are free (batch 1, a GPU at moderate batch)
 the fitted beam-step slope is ~0 and W = beam_width wins on acceptance; where they cost (a
 CPU at batch 16) the slope is measured and W = 1 or γ = 0 wins. Until the models have data the
-policy drafts the configured (beam_width, num_speculative_tokens); afterwards each step's
-acceptance estimates are drawn from their posteriors (Thompson sampling, :func:`choose`), so an
-arm whose acceptance may be the best is drafted and measured, and one step in
-``explore_period`` tries another arm so that the cost lines are measured at sizes the chosen
-arms never reach (the shortest draft, no draft).
+policy drafts the configured (beam_width, num_speculative_tokens); afterwards one step in
+``explore_period`` tries another arm (:func:`choose`), in turn one of a fixed cycle, which keeps
+the cost lines measured at sizes the chosen arms never reach (the shortest draft, no draft),
+and the arm that may be the best by an upper confidence bound on its acceptance, so that the
+estimates of arms not chosen stay current.
 
 Classes: "sampled" (temperature > 0), "joint" and "exact" (greedy, by acceptance mode). Exact
 rows always draft with one beam (the draft's argmax chain: under exact acceptance the chain
