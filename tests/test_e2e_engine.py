@@ -272,6 +272,7 @@ def test_accepted_length_distribution_matches_reference(tiny_pair_dirs, tiny_pai
     """T=1, top-k 10, top-p 0.9 (the paper's setting): the distribution of k* per step from
     vLLM's counters agrees with the reference's over many seeds (two-sample chi-square)."""
     from vllm import SamplingParams
+    from vllm.platforms import current_platform
 
     target_dir, draft_dir = tiny_pair_dirs
     gamma, width, n_req, n_tok = 3, 3, 150, 9
@@ -279,10 +280,16 @@ def test_accepted_length_distribution_matches_reference(tiny_pair_dirs, tiny_pai
     llm = engines.get(target_dir, mtad_spec(draft_dir, gamma, width, 0.5),
                       disable_log_stats=False, max_num_seqs=32, max_num_batched_tokens=2048)
     before = spec_counters(llm)
+    drafter_before = drafter_counters(llm)
     params = [SamplingParams(max_tokens=n_tok, temperature=1.0, top_k=10, top_p=0.9, seed=s,
                              ignore_eos=True) for s in range(n_req)]
     generate_ids(llm, [prompt] * n_req, params)
     m = counters_delta(spec_counters(llm), before)
+    # The bonus tokens' top-k/top-p by k-selection on CPU (sampler.SelectingTopKTopP): the
+    # histogram below is drawn with it.
+    drafted = stats_delta(drafter_counters(llm), drafter_before)
+    if current_platform.is_cpu():
+        assert drafted["sampler_bonus_selected"] > 0 and drafted["sampler_bonus_fallbacks"] == 0
     per_pos = list(m["per_pos"]) + [0]
     vllm_hist = {k: (per_pos[k - 1] if k else m["drafts"]) - per_pos[k]
                  for k in range(gamma + 1)}

@@ -450,6 +450,16 @@ def _beams(token_ids: torch.Tensor | None, B: int, W: int) -> torch.Tensor | Non
     return None if token_ids is None else token_ids.view(B, W, -1)
 
 
+def _bonus_counters(sampler) -> dict:
+    """How the rejection sampler's bonus draws applied top-k/top-p: by k-selection or by
+    vLLM's own call (vllm_mtad.sampler.SelectingTopKTopP; absent where vLLM's is used)."""
+    topk_topp = getattr(getattr(sampler, "bonus_sampler", None), "topk_topp_sampler", None)
+    if not hasattr(topk_topp, "selected"):
+        return {}
+    return {"sampler_bonus_selected": topk_topp.selected,
+            "sampler_bonus_fallbacks": topk_topp.fallbacks}
+
+
 def drafter_stats(worker) -> dict:
     """For ``LLM.collective_rpc(drafter_stats)``: the MTAD drafter's counters on a worker."""
     drafter = getattr(worker.model_runner, "drafter", None)
@@ -463,4 +473,5 @@ def drafter_stats(worker) -> dict:
                "draft_scratch_rows": scratch.rows if scratch else 0}
             | {"sampler_" + k: v for k, v in getattr(sampler, "stats", {}).items()}
             | {"sampler_draft_store_misses": int(getattr(sampler, "store_misses", 0))}
+            | _bonus_counters(sampler)
             | drafter.speculation.snapshot())

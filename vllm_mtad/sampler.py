@@ -50,6 +50,9 @@ class MTADRejectionSampler(RejectionSampler):
         self.stats = {"draft_probs_channel": 0, "draft_store": 0}
         # Rows judged without their draft's probabilities (device; read by drafter_stats only).
         self.store_misses = torch.zeros((), dtype=torch.int64, device=device)
+        # The bonus token's sampler: vLLM's, with top-k/top-p by k-selection where vLLM's own
+        # would sort the vocabulary (see bonus_sampler).
+        self.bonus_sampler = bonus_sampler(sampler, state)
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
         assert metadata.max_spec_len <= vllm_rs.MAX_SPEC_LEN
@@ -60,8 +63,8 @@ class MTADRejectionSampler(RejectionSampler):
             # tensor, which fails when a request uses top-k without top-p.)
             return self.sampler(logits=logits[metadata.bonus_logits_indices],
                                 sampling_metadata=sampling_metadata)
-        # The bonus token, exactly as vLLM samples it.
-        bonus_out = self.sampler(
+        # The bonus token, as vLLM samples it (the top-k/top-p mask by k-selection on CPU).
+        bonus_out = self.bonus_sampler(
             logits=logits[metadata.bonus_logits_indices],
             sampling_metadata=replace(sampling_metadata, max_num_logprobs=-1),
             predict_bonus_token=True,
@@ -247,6 +250,79 @@ class _FlatTarget:
             return Candidates(lp, ids, no_overflow)
         logits = self.processed_logits[rows]  # [B, V]
         return Candidates(logits.log_softmax(dim=-1), None, no_overflow)
+
+
+class SelectingTopKTopP(torch.nn.Module):
+    """vLLM's TopKTopPSampler with the top-k/top-p mask computed by one k-selection per row
+    (:func:`vllm_mtad.core.processing.draft_candidates`, the rule MTAD's draft and target
+    rows use) instead of vLLM's sort of the whole vocabulary; the masked logits then go to
+    vLLM's own sampler with no top-k/top-p left to apply (its noise, generators and
+    processed logprobs unchanged). Taken when the rows' top-k covers every sampled row and no
+    row's ties at its k-th value reach past the candidates; otherwise vLLM's own call.
+
+    Why: on CPU vLLM sorts each row's V logits whenever a request uses top-p (its
+    apply_top_k_top_p without Triton): 10 ms a row of the real pair's 151,936 tokens on the
+    project's 2-core CPU, where a k-selection takes 0.16 ms (measured), and MTAD's sampler
+    spent 9.9 ms of a 231 ms batch-1 step drawing one bonus token (benchmarks/step_phases.py,
+    T=1). The masks agree but for the order among tokens with equal logits at the top-p
+    boundary (vLLM's sort is unstable there; this one is the stable order of
+    processed_logprobs) and float rounding of the normaliser: tests/test_glue_units.py
+    compares the tokens drawn."""
+
+    def __init__(self, inner: torch.nn.Module, state: MTADRequestState):
+        super().__init__()
+        self.inner = inner
+        self.state = state
+        self.selected = 0  # calls that took the k-selection (host counters, for tests)
+        self.fallbacks = 0
+
+    def forward(self, logits, generators, k, p):
+        masked = self._mask(logits, k, p)
+        if masked is None:
+            self.fallbacks += 1
+            return self.inner(logits, generators, k, p)
+        self.selected += 1
+        return self.inner(masked, generators, None, None)
+
+    def _mask(self, logits: torch.Tensor, k, p) -> torch.Tensor | None:
+        R, V = logits.shape
+        if k is None or p is None or self.state.input_batch is None \
+                or len(self.state.req_ids(R)) < R:  # top-k only: vLLM's sorts nothing
+            return None
+        greedy, plan = self.state.batch_plan(R, V, 1)
+        if plan.num_candidates is None:  # a sampled row without top-k
+            return None
+        # The logits come scaled by temperature (greedy rows by 1): select at temperature 1;
+        # greedy rows keep their logits (vLLM takes their argmax, not this draw).
+        greedy_rows = torch.tensor(greedy, dtype=torch.bool).to(logits.device)
+        temp = (~greedy_rows).to(torch.float32)  # 0: greedy, as draft_candidates reads it
+        cands = draft_candidates(logits, temp, k, p, replace(plan, any_greedy=False))
+        if bool(cands.overflow.any()):  # a host read (free on CPU, where this runs)
+            return None
+        kept = torch.where(torch.isinf(cands.logprobs), float("-inf"),
+                           logits.gather(1, cands.token_ids))
+        masked = torch.full_like(logits, float("-inf")).scatter_(1, cands.token_ids, kept)
+        return torch.where(greedy_rows[:, None], logits, masked)
+
+
+def bonus_sampler(sampler, state: MTADRequestState):
+    """``sampler`` (vLLM's Sampler) with its top-k/top-p step replaced by
+    :class:`SelectingTopKTopP` where vLLM's would sort the vocabulary on the host (its
+    PyTorch path: no Triton, a CPU or native forward); ``sampler`` itself otherwise. A copy:
+    the runner's own sampler, which samples the steps without drafts, stays vLLM's."""
+    import copy
+
+    from vllm.v1.sample.ops import topk_topp_sampler as ops
+
+    inner = getattr(sampler, "topk_topp_sampler", None)
+    forward = getattr(getattr(inner, "forward", None), "__func__", None)
+    if getattr(ops, "HAS_TRITON", True) or forward not in (
+            ops.TopKTopPSampler.forward_cpu, ops.TopKTopPSampler.forward_native):
+        return sampler
+    bonus = copy.copy(sampler)
+    bonus._modules = dict(sampler._modules)  # (a shallow copy would share the dict)
+    bonus.topk_topp_sampler = SelectingTopKTopP(inner, state)
+    return bonus
 
 
 def sparse_candidates_unless_overflow_host_sync(logits, temperature, top_k, top_p, plan):
