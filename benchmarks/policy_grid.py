@@ -154,19 +154,19 @@ def main(argv=None) -> None:
     sd_built_for = None  # --instances grid: the SD engine's drafts ("sd" or "sd_greedy")
     if args.instances == "grid":
         engines = {name: grid.build(name, None) for name in ("target", "mtad")}
-    for cell_name, _, _ in CELLS:
-        if cell_name not in args.cells or all((cell_name, b) in done for b in args.batches):
-            continue
-        configs = grid.configs(cell_name)
-        if args.instances == "grid" and grid.sd_of(cell_name) != sd_built_for:
-            if "sd" in engines:
-                close(engines.pop("sd"))  # before the build: it sets vLLM's parallel state up
-                release_memory()
-            engines["sd"] = grid.build("sd", cell_name)
-            sd_built_for = grid.sd_of(cell_name)
-        for batch in args.batches:
-            if (cell_name, batch) in done:
+    # Batch by batch, every cell at a batch size before the next size: a grid cut short has
+    # the same batch sizes of every cell (batch 1 first, as the issue's command orders them).
+    for batch in args.batches:
+        for cell_name, _, _ in CELLS:
+            if cell_name not in args.cells or (cell_name, batch) in done:
                 continue
+            configs = grid.configs(cell_name)
+            if args.instances == "grid" and grid.sd_of(cell_name) != sd_built_for:
+                if "sd" in engines:
+                    close(engines.pop("sd"))  # before the build: it sets vLLM's parallel state
+                    release_memory()
+                engines["sd"] = grid.build("sd", cell_name)
+                sd_built_for = grid.sd_of(cell_name)
             n = prompts_per_run(batch, depth, args.min_prompts)
             warm = prompts[HALF: HALF + n]
             timed = prompts[:n]
@@ -432,7 +432,10 @@ def run_order(configs: list, repeat: int) -> list:
 
 
 def _report(args, target, draft, cells_out, runs, env) -> str:
-    """policy_grid.json, .md and .png in --out, from the cells measured so far."""
+    """policy_grid.json, .md and .png in --out, from the cells measured so far (by cell, then
+    batch, whatever order they ran in)."""
+    order = [c[0] for c in CELLS]
+    cells_out = sorted(cells_out, key=lambda c: (order.index(c["cell"]), c["batch"]))
     table = markdown_table(cells_out, [("cell", "cell"), ("batch", "batch"),
                                        ("config", "config"), ("tok_s", "tok/s (median)"),
                                        ("min", "min"), ("max", "max"),

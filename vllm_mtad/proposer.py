@@ -264,19 +264,23 @@ class MTADProposer(DraftModelProposer):
 
     def _draft_round(self, ctx: "_Round", first_logits: torch.Tensor, plan: CandidatePlan):
         """Beam drafting from the first pass's logits: γ steps, steps 2..γ as B·W rows of one
-        draft forward each. Returns the chosen beam's tokens [B, γ] int64, their draft
+        draft forward each (one beam a row: the request's own chain, chain_step_kv, which
+        plans what a one-beam BeamKVLayout does without its bookkeeping). Returns the chosen beam's tokens [B, γ] int64, their draft
         log-probs [B, γ] float32 and [B] bool, rows whose candidates overflowed."""
         B, W, V = ctx.B, ctx.W, ctx.V
-        layout = None
+        layout = chain = None
         row_width = None
         if ctx.gamma > 1:
             with phase("beam_kv"):
-                layout = BeamKVLayout(ctx.cad.block_table_tensor[:B].clone(),
-                                      self._num_blocks(ctx), ctx.first_pos - 1, ctx.gamma, W,
-                                      self.block_size, self.max_model_len,
-                                      self.scratch.base if ctx.room else 0, ctx.room)
-                row_width = layout.row_beam_width
-                self._device_stats["narrowed_rows"] += (row_width < W).sum()
+                if W == 1:  # one beam a row: the request's own chain, as _argmax_chain's
+                    chain = (ctx.cad.block_table_tensor[:B], self._num_blocks(ctx))
+                else:
+                    layout = BeamKVLayout(ctx.cad.block_table_tensor[:B].clone(),
+                                          self._num_blocks(ctx), ctx.first_pos - 1, ctx.gamma,
+                                          W, self.block_size, self.max_model_len,
+                                          self.scratch.base if ctx.room else 0, ctx.room)
+                    row_width = layout.row_beam_width
+                    self._device_stats["narrowed_rows"] += (row_width < W).sum()
         # Rows the plan gives fewer beams (exact greedy: one) keep only those.
         row_width = ctx.widths if row_width is None else torch.minimum(row_width, ctx.widths)
 
@@ -292,9 +296,13 @@ class MTADProposer(DraftModelProposer):
         rep = lambda t: None if t is None else t.repeat_interleave(W)  # noqa: E731
         for t in range(2, ctx.gamma + 1):
             with phase("beam_kv"):
-                kv = layout.step(state.parents, t)
-                self._copy_blocks(kv.copy_src, kv.copy_dst)
-                self._device_stats["copied_blocks"] += kv.num_copies
+                if chain is not None:  # what a one-beam layout plans (tests/test_beam_kv.py)
+                    kv = chain_step_kv(*chain, ctx.first_pos - 1, t, self.block_size,
+                                       self.max_model_len)
+                else:
+                    kv = layout.step(state.parents, t)
+                    self._copy_blocks(kv.copy_src, kv.copy_dst)
+                    self._device_stats["copied_blocks"] += kv.num_copies
             logits = self._beam_forward(state.last_tokens().reshape(-1), kv, ctx, t)  # [B*W, V]
             with phase("draft_vocab"):
                 cands = draft_candidates(logits, rep(ctx.temp), rep(ctx.top_k), rep(ctx.top_p),

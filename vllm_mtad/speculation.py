@@ -188,14 +188,12 @@ class SpeculationController:
 
     def _read_acceptance(self) -> None:
         now = self._hist.tolist()
-        # (class, width) -> [[(drafted, accepted, count)], [prefixes: (length, accepted, count)]]
-        cells: dict = {}
+        # class -> width -> ([(drafted, accepted, count)], [prefixes: (length, accepted, count)])
+        by_class: dict = {}
         for (cls, width, length, accepted, real), n in self._cells(
                 [a - b for a, b in zip(now, self._hist_read)]):
-            cells.setdefault((cls, width), ([], []))[1 - real].append((length, accepted, n))
-        by_class: dict = {}
-        for (cls, width), window in cells.items():
-            by_class.setdefault(cls, {})[width] = window
+            window = by_class.setdefault(cls, {}).setdefault(width, ([], []))
+            window[1 - real].append((length, accepted, n))
         for cls, by_width in by_class.items():
             self.stats[cls].record_window(by_width)
         self._hist_read = now

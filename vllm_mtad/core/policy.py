@@ -646,20 +646,9 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
         candidates = [c for c in dict.fromkeys(candidates) if c != (w, g)]
         # No draft: the draft skips one step (its KV catches up on the next drafting step).
         skip = [(1 if only_exact else narrow, 0)] if bounds.min_tokens == 0 and g > 0 else []
-        # An exploration step pays what the draft must read first in full (the catch-up,
-        # prompts included, and this step's prefill chunks): not where that costs more than
-        # the drafting step itself (after a run without drafting the draft may owe every
-        # prompt of the batch; measuring one drafting step is not worth that). The prompts
-        # count here though the choice prices them as a rate: this step reads them in full.
         owed = costs.reading_time(batch)
         candidates = [c for c in candidates  # every candidate drafts (γ >= 1)
-                      if owed <= costs.step_time(batch, *c, owed_share=0.0)]
-        # Nor an arm no row can take a drafted token from (rows with one token left have
-        # their drafts cut to nothing: the step would pay the draft and learn nothing;
-        # measured on the real pair, a closing batch-1 step took 0.31 s where not drafting
-        # took 0.11 s).
-        candidates = [c for c in candidates
-                      if expected_tokens(batch, stats, *c) > batch.size + 1e-9] + skip
+                      if _explorable(batch, costs, stats, c, owed)] + skip
         turn = step // explore_period
         if skip and costs.no_draft_ratio(batch.size).samples < min_no_draft:
             # Not measured at this batch size yet: before the other arms (one sample moves
@@ -667,7 +656,7 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
             candidates = skip
         elif turn % 2 == 0:  # the optimistic turn (docstring)
             pick = _optimistic_arm(batch, costs, stats, bounds, (w, g), best_goodput,
-                                   confidence)
+                                   confidence, owed)
             if pick is not None:
                 candidates = [pick]
         if candidates:
@@ -677,16 +666,28 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
     return Plan(w, g, goodput=best_goodput)
 
 
+def _explorable(batch: Batch, costs: CostModel, stats: dict, arm: tuple, owed: float) -> bool:
+    """Whether an exploration step may draft ``arm`` (γ >= 1). It pays what the draft must
+    read first in full (``owed``: CostModel.reading_time, the catch-up, prompts included, and
+    this step's prefill chunks): not where that costs more than the drafting step itself
+    (after a run without drafting the draft may owe every prompt of the batch; measuring one
+    drafting step is not worth that). The prompts count here though the choice prices them as
+    a rate: this step reads them in full. Nor an arm no row can take a drafted token from
+    (rows with one token left have their drafts cut to nothing: the step would pay the draft
+    and learn nothing; measured on the real pair, a closing batch-1 step took 0.31 s where
+    not drafting took 0.11 s)."""
+    return (owed <= costs.step_time(batch, *arm, owed_share=0.0)
+            and expected_tokens(batch, stats, *arm) > batch.size + 1e-9)
+
+
 def _optimistic_arm(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds,
-                    best: tuple, best_goodput: float, confidence: float):
+                    best: tuple, best_goodput: float, confidence: float, owed: float):
     """The drafting arm other than ``best`` with the highest goodput priced ``confidence``
     standard errors above its expected tokens, if that beats ``best_goodput`` (else None:
-    no arm may be better); the arms :func:`choose`'s cycle leaves out are left out."""
-    owed = costs.reading_time(batch)
+    no arm may be better); arms :func:`_explorable` refuses are left out."""
     bound, pick = best_goodput, None
     for c in arms(bounds, batch):
-        if c == best or c[1] == 0 or owed > costs.step_time(batch, *c, owed_share=0.0) \
-                or expected_tokens(batch, stats, *c) <= batch.size + 1e-9:
+        if c == best or c[1] == 0 or not _explorable(batch, costs, stats, c, owed):
             continue
         value = goodput(batch, costs, stats, *c, confidence=-confidence)
         if value > bound + 1e-12:
