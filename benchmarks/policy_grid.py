@@ -154,51 +154,55 @@ def main(argv=None) -> None:
     sd_built_for = None  # --instances grid: the SD engine's drafts ("sd" or "sd_greedy")
     if args.instances == "grid":
         engines = {name: grid.build(name, None) for name in ("target", "mtad")}
-    # Batch by batch, every cell at a batch size before the next size: a grid cut short has
-    # the same batch sizes of every cell (batch 1 first, as the command orders them).
-    for batch in args.batches:
-        for cell_name, _, _ in CELLS:
-            if cell_name not in args.cells or (cell_name, batch) in done:
-                continue
-            configs = grid.configs(cell_name)
-            if args.instances == "grid" and grid.sd_of(cell_name) != sd_built_for:
-                if "sd" in engines:
-                    close(engines.pop("sd"))  # before the build: it sets vLLM's parallel state
-                    release_memory()
-                engines["sd"] = grid.build("sd", cell_name)
-                sd_built_for = grid.sd_of(cell_name)
-            n = prompts_per_run(batch, depth, args.min_prompts)
-            warm = prompts[HALF: HALF + n]
-            timed = prompts[:n]
-            results = {c: [] for c in configs}
-            for r in range(args.repeats):
-                if args.instances == "repeat":
-                    measured, belief = in_own_process(
-                        grid, cell_name, batch, r, configs, warm, timed, bar.update)
-                else:
-                    measured, belief = grid.repeat(engines, cell_name, batch, r, configs,
-                                                   warm if r == 0 else None, timed, bar.update)
-                for config, res in measured:
-                    results[config].append(res)
-                    runs.append({"cell": cell_name, "batch": batch, "config": config,
-                                 "repeat": r} | res)
-            for config in configs:
-                rs = results[config]
-                tps = [x["tok_s"] for x in rs]
-                acc = [x["acceptance"] for x in rs if x["acceptance"] is not None]
-                chosen = {}
-                for x in rs:
-                    for k, v in x["chosen"].items():
-                        chosen[k] = chosen.get(k, 0) + v
-                cells_out.append({"cell": cell_name, "batch": batch, "config": config,
-                                  "tok_s": statistics.median(tps), "min": min(tps),
-                                  "max": max(tps),
-                                  "acceptance": statistics.median(acc) if acc else None,
-                                  "chosen": " ".join(f"{k}:{v}" for k, v in sorted(
-                                      chosen.items(), key=lambda kv: -kv[1])[:4])}
-                                 | ({"policy": belief} if config == "mtad_adaptive" else {}))
-            # Written after every cell: a long grid cut short keeps what it measured.
-            table = _report(args, target, draft, cells_out, runs, env)
+    # With fresh instances, batch by batch (every cell at a batch size before the next size:
+    # a grid cut short has the same batch sizes of every cell, batch 1 first as the issue's
+    # command orders them); with --instances grid, cell by cell (the SD engine, one per draft
+    # method, is built once per cell, not once per cell and batch).
+    cells = [c[0] for c in CELLS if c[0] in args.cells]
+    pairs = ([(c, b) for c in cells for b in args.batches] if args.instances == "grid"
+             else [(c, b) for b in args.batches for c in cells])
+    for cell_name, batch in pairs:
+        if (cell_name, batch) in done:
+            continue
+        configs = grid.configs(cell_name)
+        if args.instances == "grid" and grid.sd_of(cell_name) != sd_built_for:
+            if "sd" in engines:
+                close(engines.pop("sd"))  # before the build: it sets vLLM's parallel state
+                release_memory()
+            engines["sd"] = grid.build("sd", cell_name)
+            sd_built_for = grid.sd_of(cell_name)
+        n = prompts_per_run(batch, depth, args.min_prompts)
+        warm = prompts[HALF: HALF + n]
+        timed = prompts[:n]
+        results = {c: [] for c in configs}
+        for r in range(args.repeats):
+            if args.instances == "repeat":
+                measured, belief = in_own_process(
+                    grid, cell_name, batch, r, configs, warm, timed, bar.update)
+            else:
+                measured, belief = grid.repeat(engines, cell_name, batch, r, configs,
+                                               warm if r == 0 else None, timed, bar.update)
+            for config, res in measured:
+                results[config].append(res)
+                runs.append({"cell": cell_name, "batch": batch, "config": config,
+                             "repeat": r} | res)
+        for config in configs:
+            rs = results[config]
+            tps = [x["tok_s"] for x in rs]
+            acc = [x["acceptance"] for x in rs if x["acceptance"] is not None]
+            chosen = {}
+            for x in rs:
+                for k, v in x["chosen"].items():
+                    chosen[k] = chosen.get(k, 0) + v
+            cells_out.append({"cell": cell_name, "batch": batch, "config": config,
+                              "tok_s": statistics.median(tps), "min": min(tps),
+                              "max": max(tps),
+                              "acceptance": statistics.median(acc) if acc else None,
+                              "chosen": " ".join(f"{k}:{v}" for k, v in sorted(
+                                  chosen.items(), key=lambda kv: -kv[1])[:4])}
+                             | ({"policy": belief} if config == "mtad_adaptive" else {}))
+        # Written after every cell: a long grid cut short keeps what it measured.
+        table = _report(args, target, draft, cells_out, runs, env)
     bar.close()
     for name in ("target", "mtad", "sd"):
         if name in engines:

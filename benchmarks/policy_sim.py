@@ -80,12 +80,17 @@ def run(scenario: str, start: str, seed: int, steps: int = 1000) -> list[float]:
         stats["sampled"].record_batch(1, [(4, k, round(400 * (r ** k * (1 - r) if k < 4
                                                               else r ** 4))) for k in range(5)])
     truth = random.Random(1000 + seed)
+    # The controller's exploration budget (vllm_mtad.speculation), where the code has one.
+    budget = policy.ExplorationBudget() if hasattr(policy, "ExplorationBudget") else None
     out = []
     for step in range(1, steps + 1):
         if start == "fresh" and step <= 8:
             w, g = 4, 4
         else:
-            plan = policy.choose(batch, c, stats, policy.Bounds(4, 4), step=step)
+            extra = {"budget": budget.seconds} if budget is not None else {}
+            plan = policy.choose(batch, c, stats, policy.Bounds(4, 4), step=step, **extra)
+            if budget is not None:
+                budget.after(plan)
             w, g = plan.beam_width, plan.num_tokens
         out.append(true_goodput(w, g) / best)
         if g:

@@ -765,3 +765,66 @@ def test_the_optimistic_turn_explores_only_an_arm_that_may_be_better():
     cycle_arms = {(1, 4), (4, 2), (4, 1), (1, 0)}
     assert (choose(batch, c, stats, b, step=32).beam_width,
             choose(batch, c, stats, b, step=32).num_tokens) in cycle_arms
+
+
+def test_exploration_spends_at_most_its_share_of_the_time():
+    """Where the best arm does not draft and the draft owes a catch-up, an exploration step
+    costs a drafting step and the catch-up: the ExplorationBudget lets it through only as
+    often as EXPLORE_SHARE of the time pays for it, and the exploration still happens. Where
+    the best arm drafts and another arm costs about as much, exploration keeps its period."""
+    from vllm_mtad.core.policy import EXPLORE_SHARE, ExplorationBudget, exploration_cost
+
+    b = Bounds(beam_width=4, max_tokens=4)
+    stats = stats_with({1: 0.55, 4: 0.55})
+    c = costs(verify=(0.05, 0.003), first=(0.03, 0.0009), beam=(0.03, 0.002))
+    # Batch 4 skipping drafts, owing 60 tokens (15 steps of 4 rows) and an arrival's prompt.
+    owes = Batch.from_step(["sampled"] * 4, 4, 0, catch_up_tokens=200, remaining_tokens=40)
+    best = choose(owes, c, stats, b, step=1)
+    assert best.num_tokens == 0 and not best.explore and best.seconds > 0
+    unlimited = [choose(owes, c, stats, b, step=s) for s in range(1, 1601)]
+    explored = [p for p in unlimited if p.explore and p.num_tokens > 0]
+    assert len(explored) >= 40  # one step in 16 (every turn that drafts)
+    spent_unlimited = sum(p.cost for p in explored)
+    assert spent_unlimited > 2 * EXPLORE_SHARE * sum(p.seconds for p in unlimited)
+
+    budget = ExplorationBudget()
+    plans = []
+    for s in range(1, 1601):
+        plan = choose(owes, c, stats, b, step=s, budget=budget.seconds)
+        budget.after(plan)
+        plans.append(plan)
+    explored = [p for p in plans if p.explore and p.num_tokens > 0]
+    assert 1 <= len(explored) < len(unlimited) // 4
+    assert all(p.cost == pytest.approx(exploration_cost(owes, c, stats, (p.beam_width,
+                                                                        p.num_tokens),
+                                                        owes.size / best.seconds))
+               for p in explored)
+    assert sum(p.cost for p in explored) <= EXPLORE_SHARE * sum(p.seconds for p in plans)
+    assert budget.seconds >= 0.0
+
+    # Batch 1 where beams are free and every arm drafts: cheap explorations, on their period.
+    free = costs(beam=(0.03, 0.0))
+    one = Batch({"sampled": 1})
+    budget = ExplorationBudget()
+    plans = []
+    for s in range(1, 321):
+        plan = choose(one, free, stats, b, step=s, budget=budget.seconds)
+        budget.after(plan)
+        plans.append(plan)
+    assert sum(p.explore for p in plans) >= 320 // 16 - 2
+
+
+def test_an_exploration_dearer_than_the_budget_drafts_the_best_arm():
+    b = Bounds(beam_width=4, max_tokens=4)
+    stats = stats_with({1: 0.55, 4: 0.55})
+    c = costs(verify=(0.05, 0.003), first=(0.03, 0.0009), beam=(0.03, 0.002))
+    owes = Batch.from_step(["sampled"] * 4, 4, 0, catch_up_tokens=200, remaining_tokens=40)
+    best = choose(owes, c, stats, b, step=1)
+    step = next(s for s in range(16, 400, 16)
+                if choose(owes, c, stats, b, step=s).num_tokens > 0)
+    tried = choose(owes, c, stats, b, step=step)
+    assert tried.explore and tried.cost > 0
+    assert choose(owes, c, stats, b, step=step, budget=tried.cost) == tried
+    refused = choose(owes, c, stats, b, step=step, budget=0.99 * tried.cost)
+    assert (refused.beam_width, refused.num_tokens, refused.explore) == (
+        best.beam_width, best.num_tokens, False)

@@ -265,8 +265,9 @@ class MTADProposer(DraftModelProposer):
     def _draft_round(self, ctx: "_Round", first_logits: torch.Tensor, plan: CandidatePlan):
         """Beam drafting from the first pass's logits: γ steps, steps 2..γ as B·W rows of one
         draft forward each (one beam a row: the request's own chain, chain_step_kv, which
-        plans what a one-beam BeamKVLayout does without its bookkeeping). Returns the chosen beam's tokens [B, γ] int64, their draft
-        log-probs [B, γ] float32 and [B] bool, rows whose candidates overflowed."""
+        plans what a one-beam BeamKVLayout does without its bookkeeping). Returns the chosen
+        beam's tokens [B, γ] int64, their draft log-probs [B, γ] float32 and [B] bool, rows
+        whose candidates overflowed."""
         B, W, V = ctx.B, ctx.W, ctx.V
         layout = chain = None
         row_width = None

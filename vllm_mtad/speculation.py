@@ -82,6 +82,7 @@ class SpeculationController:
         self._forced_step = 0  # the next entry of ``forced``
         self.chosen: Counter = Counter()  # "W{w}_g{g}" -> steps
         self.explored = 0
+        self.explore_budget = policy.ExplorationBudget()
         self.catch_up_tokens = 0
         # [classes, W, γ+1 length, γ+1 accepted, 2] counts, filled on the device by the sampler:
         # every verified draft (last index 1) and each of its shorter prefixes (0), with what
@@ -254,7 +255,9 @@ class SpeculationController:
                 classes, scheduled_tokens, self._verified_drafts, sum(owed.values()),
                 tokens_left=left, horizon=self.bounds.max_tokens, prompt_tokens=prompts,
                 max_tokens=budgets, catch_up_arrival_tokens=arriving)
-            plan = policy.choose(batch, self.costs, self.stats, self.bounds, self.steps)
+            plan = policy.choose(batch, self.costs, self.stats, self.bounds, self.steps,
+                                 budget=self.explore_budget.seconds)
+            self.explore_budget.after(plan)
         else:
             plan = policy.Plan(1 if only_exact else self.cfg.beam_width,
                                self.cfg.num_speculative_tokens)

@@ -458,6 +458,37 @@ class Plan:
     num_tokens: int
     explore: bool = False
     goodput: float | None = None  # predicted tokens per second; None before the models have data
+    # Predicted seconds of the step (the chosen arm's, its reading included) and, for an
+    # exploration step, what it costs against the best arm (exploration_cost); 0 otherwise.
+    seconds: float = 0.0
+    cost: float = 0.0
+
+
+# Exploration spends at most this share of the time (ExplorationBudget).
+EXPLORE_SHARE = 0.02
+
+
+@dataclass
+class ExplorationBudget:
+    """Seconds an exploration step may cost against the best arm (:func:`exploration_cost`):
+    each step adds ``share`` of its predicted time, an exploration pays its cost, and the
+    balance decays by ``1 / horizon`` a step (a long run of cheap explorations does not buy a
+    burst of dear ones later). So exploration costs at most ``share`` of the time, whatever
+    the arms cost on this machine: where the best arm drafts, trying another arm costs little
+    and the policy explores one step in ``explore_period`` as before; where it does not draft,
+    an exploration step pays a drafting step and the draft's reading of everything the steps
+    without drafting skipped (prompts of the requests that arrived meanwhile included). (One
+    step in 16 of those cost the real pair 5 % at T=0 "exact", batch 4, where the policy drafted
+    nothing in 272 of 279 steps: 0.95x the target alone, grid-ec32ae1.)"""
+
+    share: float = EXPLORE_SHARE
+    horizon: float = 512.0
+    seconds: float = 0.0
+
+    def after(self, plan: Plan) -> None:
+        self.seconds = self.seconds * (1.0 - 1.0 / self.horizon) + self.share * plan.seconds
+        if plan.explore:
+            self.seconds = max(0.0, self.seconds - plan.cost)
 
 
 @dataclass
@@ -600,9 +631,22 @@ def arms(bounds: Bounds, batch: Batch) -> list[tuple[int, int]]:
             if g > 0 or w == widths[0]]
 
 
+def exploration_cost(batch: Batch, costs: CostModel, stats: dict, arm: tuple,
+                     best_goodput: float) -> float:
+    """Seconds an exploration step drafting ``arm`` loses against the best arm: its predicted
+    time, with the draft's reading of what it owes in full (an exploration pays it at once),
+    less the time the best arm takes to make the tokens it is expected to make; >= 0."""
+    w, g = arm
+    tokens = expected_tokens(batch, stats, w, g)
+    seconds = costs.step_time(batch, w, g, owed_share=1.0)
+    if g > 0:
+        seconds += costs.prompt_time(batch, tokens)
+    return max(0.0, seconds - tokens / max(best_goodput, 1e-9))
+
+
 def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: int,
            explore_period: int = 16, min_samples: int = 8, confidence: float = 1.0,
-           min_no_draft: int = 3) -> Plan:
+           min_no_draft: int = 3, budget: float = float("inf")) -> Plan:
     """The (W, γ) that maximises expected goodput for ``batch``, each arm's expected tokens
     taken ``confidence`` standard errors below their estimate: an arm measured on a few drafts
     (an exploration arm) is not chosen over a well-measured one for a lucky streak.
@@ -624,7 +668,10 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
       four beams on a few unlucky drafts, batch 1 explored them twice in ~160 steps and kept
       drafting one beam (real pair, history-b4-then-b1 in benchmarks/reports/README.md); the
       widths' counts now age with every width's drafts of their length (AcceptanceStats), so
-      such a figure fades and its arm's bound grows until it is tried again."""
+      such a figure fades and its arm's bound grows until it is tried again.
+
+    An exploration step whose :func:`exploration_cost` exceeds ``budget`` (seconds, the
+    caller's :class:`ExplorationBudget`) drafts the best arm instead."""
     only_exact = batch.rows.get("exact", 0) == batch.size
     full_width = 1 if only_exact else bounds.beam_width
     if batch.size == 0 or not costs.ready(min_samples, bounds.max_tokens):
@@ -661,9 +708,14 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
                 candidates = [pick]
         if candidates:
             ew, eg = candidates[(turn // 2) % len(candidates)]
-            return Plan(ew, eg, explore=True,
-                        goodput=goodput(batch, costs, stats, ew, eg, amortise=False))
-    return Plan(w, g, goodput=best_goodput)
+            cost = exploration_cost(batch, costs, stats, (ew, eg), best_goodput)
+            if cost <= budget:
+                value = goodput(batch, costs, stats, ew, eg, amortise=False)
+                return Plan(ew, eg, explore=True, goodput=value,
+                            seconds=expected_tokens(batch, stats, ew, eg) / max(value, 1e-9),
+                            cost=cost)
+    return Plan(w, g, goodput=best_goodput,
+                seconds=expected_tokens(batch, stats, w, g, confidence) / max(best_goodput, 1e-9))
 
 
 def _explorable(batch: Batch, costs: CostModel, stats: dict, arm: tuple, owed: float) -> bool:
@@ -711,5 +763,5 @@ def summary(stats: dict) -> dict:
 
 
 __all__ = ["CLASSES", "LinearCost", "Ratio", "AcceptanceStats", "Bounds", "Batch", "Plan",
-           "CostModel", "prefill_tokens", "expected_tokens", "goodput", "arms", "choose",
-           "new_stats", "summary"]
+           "ExplorationBudget", "CostModel", "prefill_tokens", "expected_tokens", "goodput",
+           "exploration_cost", "arms", "choose", "new_stats", "summary"]
