@@ -828,3 +828,24 @@ def test_an_exploration_dearer_than_the_budget_drafts_the_best_arm():
     refused = choose(owes, c, stats, b, step=step, budget=0.99 * tried.cost)
     assert (refused.beam_width, refused.num_tokens, refused.explore) == (
         best.beam_width, best.num_tokens, False)
+
+
+def test_a_greedy_one_token_draft_is_priced_as_one_beams():
+    """A "joint" row's one-token draft is its argmax whatever W: priced by one beam's counts,
+    so W4 γ1 is never chosen over W1 γ1 for a figure measured on other drafts (the first
+    tokens of four-token beams). Sampled rows keep their width's figure (W4 γ1 keeps the most
+    likely of four sampled tokens: another draft)."""
+    b = Bounds(beam_width=4, max_tokens=4)
+    # W4's counts say its drafts pass far more often than W1's (as four-token beams do).
+    joint = stats_with({1: 0.3, 4: 0.9}, cls="joint")
+    batch = Batch({"joint": 4})
+    one = policy.expected_tokens(batch, joint, 1, 1)
+    assert policy.expected_tokens(batch, joint, 4, 1) == one
+    assert policy.expected_tokens(batch, joint, 4, 2) > policy.expected_tokens(batch, joint, 1, 2)
+    sampled = stats_with({1: 0.3, 4: 0.9})
+    assert policy.expected_tokens(Batch({"sampled": 4}), sampled, 4, 1) > \
+        policy.expected_tokens(Batch({"sampled": 4}), sampled, 1, 1)
+    # Where one-token drafts are the best arm, the width chosen is the narrowest (equal prices).
+    c = costs(verify=(0.05, 0.0), first=(0.01, 0.0), beam=(1.0, 0.0))
+    plan = choose(batch, c, joint, b, step=1)
+    assert (plan.beam_width, plan.num_tokens) == (1, 1)

@@ -603,8 +603,13 @@ def _row_tokens(stats: dict, cls: str, width: int, num_tokens: int,
                 confidence: float = 0.0) -> float:
     if num_tokens <= 0:
         return 1.0
-    return 1.0 + stats[cls].expected_accepted(1 if cls == "exact" else width, num_tokens,
-                                              confidence)
+    # Exact rows draft the argmax chain; a greedy row's one-token draft is its argmax whatever
+    # W (a beam's score is its log-probability): both are priced as one beam's. (Priced by
+    # W4's counts of one token, which come mostly from the first tokens of four-token beams,
+    # chosen on all four, W4 γ1 read better than W1 γ1 at T=0 "joint", batch 4, and the
+    # policy drafted it in most steps, 4 % slower than not drafting: grid-ec32ae1.)
+    one_beam = cls == "exact" or (cls == "joint" and num_tokens == 1)
+    return 1.0 + stats[cls].expected_accepted(1 if one_beam else width, num_tokens, confidence)
 
 
 def goodput(batch: Batch, costs: CostModel, stats: dict, width: int, num_tokens: int,
