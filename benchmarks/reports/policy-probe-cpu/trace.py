@@ -9,7 +9,7 @@ PROMPTS (default BATCH) go to one LLM.generate with max_num_seqs = BATCH: more p
 BATCH queue, and a finished request's slot is refilled at once (a server held at BATCH in
 flight). MODE: "joint" or "exact" runs T=0 with that greedy acceptance (default: T=1).
 
-CONFIGS: target (alone), adaptive, fixed (forced W=4, γ=4), w1 (W=1, γ=4), g0 (γ=0), w1g1,
+CONFIGS: target (alone), adaptive, fixed (forced W=4, γ=4), w1 (W=1, γ=4), g0 (γ=0), w1g1, w4g1,
 w1g2. Wraps vLLM's EngineCore.step (wall time per step) and vllm_mtad.core.policy.choose and
 LinearCost.add (the batch, every arm's expected tokens and seconds, the choice, every cost
 sample; samples of forced runs are added when the policy next plans, so their tags lag). Each
@@ -81,7 +81,7 @@ samp = dict(temperature=0.0) if MODE else dict(temperature=1.0, top_k=10, top_p=
 def run(cfg, chunk, tag):
     llm = eng["mtad" if cfg != "target" else "target"]
     if cfg != "target":
-        llm.collective_rpc(force_plans({"fixed": [(4, 4)], "w1": [(1, 4)], "g0": [(1, 0)], "w1g1": [(1, 1)], "w1g2": [(1, 2)], "adaptive": None}[cfg]))
+        llm.collective_rpc(force_plans({"fixed": [(4, 4)], "w1": [(1, 4)], "g0": [(1, 0)], "w1g1": [(1, 1)], "w1g2": [(1, 2)], "w4g1": [(4, 1)], "adaptive": None}[cfg]))
     extra = {"greedy_acceptance": MODE} if MODE and cfg != "target" else None
     params = [SamplingParams(max_tokens=TOK, ignore_eos=True, seed=i, extra_args=extra, **samp)
               for i in range(len(chunk))]
