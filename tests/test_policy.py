@@ -767,12 +767,23 @@ def test_the_optimistic_turn_explores_only_an_arm_that_may_be_better():
             choose(batch, c, stats, b, step=32).num_tokens) in cycle_arms
 
 
+def _with_budget(batch, c, stats, bounds, steps):
+    """``steps`` choices with the controller's ExplorationBudget: (plans, the budget)."""
+    from vllm_mtad.core.policy import ExplorationBudget
+
+    budget, plans = ExplorationBudget(), []
+    for s in range(1, steps + 1):
+        plans.append(choose(batch, c, stats, bounds, step=s, budget=budget.seconds))
+        budget.after(plans[-1])
+    return plans, budget
+
+
 def test_exploration_spends_at_most_its_share_of_the_time():
     """Where the best arm does not draft and the draft owes a catch-up, an exploration step
     costs a drafting step and the catch-up: the ExplorationBudget lets it through only as
     often as EXPLORE_SHARE of the time pays for it, and the exploration still happens. Where
     the best arm drafts and another arm costs about as much, exploration keeps its period."""
-    from vllm_mtad.core.policy import EXPLORE_SHARE, ExplorationBudget, exploration_cost
+    from vllm_mtad.core.policy import EXPLORE_SHARE, exploration_cost
 
     b = Bounds(beam_width=4, max_tokens=4)
     stats = stats_with({1: 0.55, 4: 0.55})
@@ -787,12 +798,7 @@ def test_exploration_spends_at_most_its_share_of_the_time():
     spent_unlimited = sum(p.cost for p in explored)
     assert spent_unlimited > 2 * EXPLORE_SHARE * sum(p.seconds for p in unlimited)
 
-    budget = ExplorationBudget()
-    plans = []
-    for s in range(1, 1601):
-        plan = choose(owes, c, stats, b, step=s, budget=budget.seconds)
-        budget.after(plan)
-        plans.append(plan)
+    plans, budget = _with_budget(owes, c, stats, b, 1600)
     explored = [p for p in plans if p.explore and p.num_tokens > 0]
     assert 1 <= len(explored) < len(unlimited) // 4
     assert all(p.cost == pytest.approx(exploration_cost(owes, c, stats, (p.beam_width,
@@ -805,12 +811,7 @@ def test_exploration_spends_at_most_its_share_of_the_time():
     # Batch 1 where beams are free and every arm drafts: cheap explorations, on their period.
     free = costs(beam=(0.03, 0.0))
     one = Batch({"sampled": 1})
-    budget = ExplorationBudget()
-    plans = []
-    for s in range(1, 321):
-        plan = choose(one, free, stats, b, step=s, budget=budget.seconds)
-        budget.after(plan)
-        plans.append(plan)
+    plans, _ = _with_budget(one, free, stats, b, 320)
     assert sum(p.explore for p in plans) >= 320 // 16 - 2
 
 
