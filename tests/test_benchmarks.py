@@ -189,6 +189,10 @@ def test_policy_grid_on_tiny_pair(tmp_path):
             "--repeats", "2", "--out", str(tmp_path / "out"), "--cells", "T=1", "T=1 SD greedy"]
     run_module(grid + ["--resume"], tmp_path)  # nothing to go on with yet: it starts
     first = json.loads((tmp_path / "out" / "policy_grid.json").read_text())
+    # Fresh instances run batch by batch (every cell at batch 1 first); the tables by cell.
+    ran = list(dict.fromkeys((r["cell"], r["batch"]) for r in first["runs"]))
+    assert ran == [("T=1", 1), ("T=1 SD greedy", 1), ("T=1", 2), ("T=1 SD greedy", 2)]
+    assert list(dict.fromkeys((c["cell"], c["batch"]) for c in first["cells"])) == sorted(ran)
     # Resumed with one more cell: the first invocation's runs are kept, only the new cell runs.
     run_module(grid + ["T=0 exact", "--resume"], tmp_path)
     data = json.loads((tmp_path / "out" / "policy_grid.json").read_text())
