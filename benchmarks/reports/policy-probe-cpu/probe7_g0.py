@@ -4,13 +4,16 @@ PyTorch's large allocations), is MTAD's engine slower than the target alone when
 draft at all?
 
     python benchmarks/reports/policy-probe-cpu/probe7_g0.py OUT.json [--cell "T=0 exact"]
-        [--batch 4] [--repeats 4] [--configs target,mtad_g0,vllm_sd,mtad_adaptive]
+        [--batch 4] [--repeats 4] [--configs target,mtad_g0,vllm_sd,mtad_adaptive] [--trace]
 
 "mtad_g0" is the MTAD engine with its policy bounded to γ ≤ 0 (vllm_mtad.speculation.
 limit_plans(0)): every step drafts nothing. Everything else is benchmarks.policy_grid's
 (Grid.repeat: warm-up on other prompts, then the configurations timed in run_order), with
 --repeats processes instead of the grid's two. Each run also records the wall time of every
-engine step (EngineCore.step), so that the decode steps can be told from the prompts' steps.
+engine step (EngineCore.step), so that the decode steps can be told from the prompts' steps,
+and with --trace the policy's every decision (the batch, every arm's expected tokens and
+seconds, the choice: vllm_mtad.core.policy.choose) and every cost sample (LinearCost.add, by
+cost line), in the order they happened, interleaved with the steps.
 """
 import argparse
 import json
@@ -25,6 +28,48 @@ sys.path.insert(0, os.path.abspath(os.path.join(HERE, "..", "..", "..")))
 from benchmarks import policy_grid as G  # noqa: E402
 
 STEPS = []
+LOG = []  # --trace: ("step", s) / ("plan", ...) / ("sample", ...) in the order they happened
+TRACE = os.environ.get("PROBE7_TRACE") == "1"
+NAMES = {}
+
+
+def _wrap_policy():
+    from vllm_mtad.core import policy as P
+
+    if getattr(P.choose, "_probe7", False):
+        return
+    orig_choose, orig_add = P.choose, P.LinearCost.add
+
+    def choose(batch, costs, stats, bounds, step, **kw):
+        plan = orig_choose(batch, costs, stats, bounds, step, **kw)
+        arms = {}
+        for w, g in P.arms(bounds, batch):
+            tok = P.expected_tokens(batch, stats, w, g)
+            gp = P.goodput(batch, costs, stats, w, g)
+            arms[f"W{w}g{g}"] = (round(tok, 3), round(tok / gp, 5))
+        LOG.append({"kind": "plan", "B": batch.size, "other": batch.other_tokens,
+                    "first": batch.first_pass_tokens, "catch": batch.catch_up_tokens,
+                    "left": batch.remaining_tokens,
+                    "plan": f"W{plan.beam_width}g{plan.num_tokens}", "explore": plan.explore,
+                    "owed_s": round(costs.owed_time(batch), 5),
+                    "no_draft_ratio": round(costs.no_draft_ratio(batch.size).value, 4),
+                    "arms": arms})
+        return plan
+
+    def add(self, size, seconds):
+        LOG.append({"kind": "sample", "model": NAMES.get(id(self), "?"),
+                    "size": list(size) if isinstance(size, (tuple, list)) else size,
+                    "s": round(seconds, 5)})
+        return orig_add(self, size, seconds)
+
+    choose._probe7 = True
+    P.choose, P.LinearCost.add = choose, add
+
+
+def _name_models(worker):
+    c = worker.model_runner.drafter.speculation.costs
+    return {id(c.verify): "verify", id(c.first_pass): "first_pass",
+            id(c.beam_step): "beam_step", id(c.rest): "rest"}
 
 
 def _wrap_steps():
@@ -38,6 +83,8 @@ def _wrap_steps():
         t0 = time.perf_counter()
         out = orig(self)
         STEPS.append(time.perf_counter() - t0)
+        if TRACE:
+            LOG.append({"kind": "step", "s": round(STEPS[-1], 5)})
         return out
 
     step._probe7 = True
@@ -55,11 +102,19 @@ class ProbeGrid(G.Grid):
 
     def build(self, name, cell_name):
         _wrap_steps()
-        return super().build(name, cell_name)
+        if TRACE:
+            _wrap_policy()
+        llm = super().build(name, cell_name)
+        if TRACE and name == "mtad":
+            NAMES.update(llm.collective_rpc(_name_models)[0])
+        return llm
 
     def run(self, engines, config, cell_name, batch, chunk, seed):
         STEPS.clear()
+        LOG.clear()
         res = super().run(engines, config, cell_name, batch, chunk, seed)
+        if TRACE:
+            res["log"] = list(LOG)
         steps = list(STEPS)
         res["steps"] = len(steps)
         res["step_median_ms"] = 1000 * statistics.median(steps) if steps else None
@@ -77,7 +132,10 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--configs", default="target,mtad_g0,vllm_sd,mtad_adaptive")
+    ap.add_argument("--trace", action="store_true", help="log the policy's decisions (docstring)")
     a = ap.parse_args()
+    if a.trace:  # read by the repeats' processes
+        os.environ["PROBE7_TRACE"] = "1"
     from devtools.models import resolve_pair
 
     # The grid's own settings (policy_grid's defaults, and the command of grid-eceb5f1).
