@@ -27,6 +27,9 @@ sys.path.insert(0, os.path.abspath(os.path.join(HERE, "..", "..", "..")))
 
 from benchmarks import policy_grid as G  # noqa: E402
 
+sys.path.insert(0, HERE)
+from probe_hooks import plan_record  # noqa: E402
+
 STEPS = []
 LOG = []  # --trace: ("step", s) / ("plan", ...) / ("sample", ...) in the order they happened
 TRACE = os.environ.get("PROBE7_TRACE") == "1"
@@ -42,18 +45,8 @@ def _wrap_policy():
 
     def choose(batch, costs, stats, bounds, step, **kw):
         plan = orig_choose(batch, costs, stats, bounds, step, **kw)
-        arms = {}
-        for w, g in P.arms(bounds, batch):
-            tok = P.expected_tokens(batch, stats, w, g)
-            gp = P.goodput(batch, costs, stats, w, g)
-            arms[f"W{w}g{g}"] = (round(tok, 3), round(tok / gp, 5))
-        LOG.append({"kind": "plan", "B": batch.size, "other": batch.other_tokens,
-                    "first": batch.first_pass_tokens, "catch": batch.catch_up_tokens,
-                    "left": batch.remaining_tokens,
-                    "plan": f"W{plan.beam_width}g{plan.num_tokens}", "explore": plan.explore,
-                    "owed_s": round(costs.owed_time(batch), 5),
-                    "no_draft_ratio": round(costs.no_draft_ratio(batch.size).value, 4),
-                    "arms": arms})
+        LOG.append(plan_record(P, batch, costs, stats, bounds, plan, 3, 5)
+                   | {"no_draft_ratio": round(costs.no_draft_ratio(batch.size).value, 4)})
         return plan
 
     def add(self, size, seconds):

@@ -25,6 +25,8 @@ TOK = int(sys.argv[2]) if len(sys.argv) > 2 else 48
 from vllm.v1.engine import core as core_mod
 from vllm_mtad import speculation as S
 from vllm_mtad.core import policy as P
+sys.path.insert(0, HERE)
+from probe_hooks import plan_record  # noqa: E402
 LOG = []
 cur = {"tag": None}
 orig_step = core_mod.EngineCore.step
@@ -36,15 +38,7 @@ core_mod.EngineCore.step = step
 orig_choose = P.choose
 def choose(batch, costs, stats, bounds, step, **kw):
     plan = orig_choose(batch, costs, stats, bounds, step, **kw)
-    arms = {}
-    for w, g in P.arms(bounds, batch):
-        tok = P.expected_tokens(batch, stats, w, g)
-        gp = P.goodput(batch, costs, stats, w, g)
-        arms[f"W{w}g{g}"] = (round(tok, 2), round(tok / gp, 4))
-    LOG.append({"kind": "plan", "tag": cur["tag"], "B": batch.size, "other": batch.other_tokens,
-                "first": batch.first_pass_tokens, "catch": batch.catch_up_tokens,
-                "left": batch.remaining_tokens, "plan": f"W{plan.beam_width}g{plan.num_tokens}",
-                "explore": plan.explore, "owed_s": round(costs.owed_time(batch), 4), "arms": arms})
+    LOG.append({"tag": cur["tag"]} | plan_record(P, batch, costs, stats, bounds, plan))
     return plan
 P.choose = choose
 orig_add = P.LinearCost.add
