@@ -172,6 +172,45 @@ def test_a_request_asking_for_the_fixed_policy_gets_the_fixed_engines_output(tin
         close(llm)
 
 
+def test_steps_without_a_draft_sample_what_the_target_alone_samples(tiny_pair_dirs):
+    """A step where no request drafts samples one token per request from the target, as the
+    target alone does: seeded T=1 requests with top-k and top-p get the target alone's tokens,
+    token for token, when every step drafts nothing; on CPU those tokens are drawn through the
+    k-selection (sampler.SelectingTopKTopP), not vLLM's sort of the vocabulary."""
+    from vllm.platforms import current_platform
+
+    from vllm_mtad.proposer import drafter_stats
+    from vllm_mtad.speculation import force_plans
+
+    target_dir, draft_dir = tiny_pair_dirs
+    n = 24
+    sampling = [params(n, 1.0, seed=11 + i, top_k=10, top_p=0.9) for i in range(4)]
+    plain = make_llm(target_dir, enforce_eager=True)
+    try:
+        want = generate_ids(plain, PROMPTS[:4], sampling)
+        other_seeds = generate_ids(plain, PROMPTS[:4], [params(n, 1.0, seed=50 + i, top_k=10,
+                                                               top_p=0.9) for i in range(4)])
+    finally:
+        close(plain)
+    assert other_seeds != want  # the tokens are draws: the comparison below can fail
+    llm = make_llm(target_dir, mtad_spec(draft_dir, gamma=4, width=4,
+                                         speculation_policy="adaptive"),
+                   enforce_eager=True, disable_log_stats=False)
+    try:
+        llm.collective_rpc(force_plans([(1, 0)]))
+        before = llm.collective_rpc(drafter_stats)[0]
+        got, drafted, _ = drafted_and_accepted(llm, PROMPTS[:4], sampling)
+        after = llm.collective_rpc(drafter_stats)[0]
+    finally:
+        close(llm)
+    assert drafted == 0
+    assert got == want
+    if current_platform.is_cpu():
+        selected = after["sampler_bonus_selected"] - before["sampler_bonus_selected"]
+        assert selected >= n  # every step's draw: at least one per output token
+        assert after["sampler_bonus_fallbacks"] == before["sampler_bonus_fallbacks"]
+
+
 def test_queued_arrivals_hold_the_concurrency_and_lose_no_draft(tiny_pair_dirs):
     """benchmarks.common.generate_queued (the policy grid's ``--arrivals queued``): vLLM admits
     at most ``concurrency`` requests into the running batch, a queued request joins as soon as

@@ -58,11 +58,15 @@ class MTADRejectionSampler(RejectionSampler):
         assert metadata.max_spec_len <= vllm_rs.MAX_SPEC_LEN
         self.speculation.verifying(sum(metadata.num_draft_tokens))  # a host list
         if metadata.target_logits_indices.numel() == 0:
-            # No request has drafts (e.g. an all-prefill step): sample as vLLM's
-            # non-speculative path does. (Going on would hand vLLM's apply_top_k_only an empty
-            # tensor, which fails when a request uses top-k without top-p.)
-            return self.sampler(logits=logits[metadata.bonus_logits_indices],
-                                sampling_metadata=sampling_metadata)
+            # No request has drafts (a step the policy drafts nothing in, an all-prefill
+            # step): one token per request, as vLLM's non-speculative path samples it, by the
+            # bonus token's sampler (its top-k/top-p by k-selection on CPU: the same tokens).
+            # vLLM's own sort took 0.2 s of a 0.53 s step at batch 48, T=1, in an engine
+            # drafting nothing (benchmarks/reports/policy-probe-cpu/probe6-b48-eceb5f1).
+            # (Going on would hand vLLM's apply_top_k_only an empty tensor, which fails when a
+            # request uses top-k without top-p.)
+            return self.bonus_sampler(logits=logits[metadata.bonus_logits_indices],
+                                      sampling_metadata=sampling_metadata)
         # The bonus token, as vLLM samples it (the top-k/top-p mask by k-selection on CPU).
         bonus_out = self.bonus_sampler(
             logits=logits[metadata.bonus_logits_indices],
@@ -308,8 +312,9 @@ class SelectingTopKTopP(torch.nn.Module):
 def bonus_sampler(sampler, state: MTADRequestState):
     """``sampler`` (vLLM's Sampler) with its top-k/top-p step replaced by
     :class:`SelectingTopKTopP` where vLLM's would sort the vocabulary on the host (its
-    PyTorch path: no Triton, a CPU or native forward); ``sampler`` itself otherwise. A copy:
-    the runner's own sampler, which samples the steps without drafts, stays vLLM's."""
+    PyTorch path: no Triton, a CPU or native forward); ``sampler`` itself otherwise. It draws
+    the bonus tokens and the tokens of steps without drafts (MTADRejectionSampler.forward). A
+    copy: the runner's own sampler stays vLLM's."""
     import copy
 
     from vllm.v1.sample.ops import topk_topp_sampler as ops
