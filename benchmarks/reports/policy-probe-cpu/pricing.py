@@ -8,8 +8,9 @@ the package):
    previous plan's drafts and drafts this plan's: in a run of one arm the two agree);
 2. per cost line: each sample's measured seconds against what the line predicted for its
    size just before it (the line replayed sample by sample with the package's own
-   LinearCost, as the engine fitted it), the median ratio per size;
-3. the run: tokens and seconds, and what the plans' arms predicted in sum.
+   LinearCost, as the engine fitted it), the median ratio per size (sizes with 3 samples or
+   more, once the line has 8);
+and, for the run, its tok/s, tokens, seconds and acceptance.
 """
 import argparse
 import gzip
