@@ -42,6 +42,7 @@ WORKER_PATCHES = (
     "worker.patch_gpu_model_runner",
     "worker.patch_gpu_worker",
     "worker.patch_phase_timers",
+    "worker.patch_topk_topp_sampler",
 )
 PATCH_MODULES = PLUGIN_LOAD_PATCHES + WORKER_PATCHES
 

@@ -33,3 +33,13 @@ def noise_compile_min_elements() -> int:
     except ValueError as exc:
         raise ValueError(f"VLLM_MTAD_NOISE_COMPILE_MIN_ELEMENTS={raw!r} is not a whole number; "
                          "set it to an element count such as 32768, or unset it") from exc
+
+
+def cpu_topk_select() -> bool:
+    """VLLM_MTAD_CPU_TOPK_SELECT=1: on CPU, every engine in the process (the target alone and
+    vLLM's own speculative decoding too, not only MTAD) draws top-k/top-p by one k-selection per
+    row instead of vLLM's sort of the vocabulary: the same tokens, faster (a CPU speed fix, not
+    MTAD; patches/worker/patch_topk_topp_sampler.py). Off by default; read at every sampling
+    call, so an in-process engine follows a change at once. The benchmarks turn it on so that
+    every engine they compare samples alike."""
+    return os.environ.get("VLLM_MTAD_CPU_TOPK_SELECT", "0").lower() in ("1", "true", "yes")

@@ -33,7 +33,7 @@ from vllm.v1.sample import rejection_sampler as vllm_rs
 from vllm.v1.sample.rejection_sampler import RejectionSampler
 
 from vllm_mtad.config import MTADConfig
-from vllm_mtad.core import is_greedy, mtad_accept
+from vllm_mtad.core import is_greedy, mask_top_k_top_p, mtad_accept
 from vllm_mtad.core.processing import Candidates, draft_candidates
 from vllm_mtad.request_state import MTADRequestState, row_sampling_params
 from vllm_mtad.speculation import SpeculationController
@@ -294,19 +294,8 @@ class SelectingTopKTopP(torch.nn.Module):
                 or len(self.state.req_ids(R)) < R:  # top-k only: vLLM's sorts nothing
             return None
         greedy, plan = self.state.batch_plan(R, V, 1)
-        if plan.num_candidates is None:  # a sampled row without top-k
-            return None
-        # The logits come scaled by temperature (greedy rows by 1): select at temperature 1;
-        # greedy rows keep their logits (vLLM takes their argmax, not this draw).
-        greedy_rows = torch.tensor(greedy, dtype=torch.bool).to(logits.device)
-        temp = (~greedy_rows).to(torch.float32)  # 0: greedy, as draft_candidates reads it
-        cands = draft_candidates(logits, temp, k, p, replace(plan, any_greedy=False))
-        if bool(cands.overflow.any()):  # a host read (free on CPU, where this runs)
-            return None
-        kept = torch.where(torch.isinf(cands.logprobs), float("-inf"),
-                           logits.gather(1, cands.token_ids))
-        masked = torch.full_like(logits, float("-inf")).scatter_(1, cands.token_ids, kept)
-        return torch.where(greedy_rows[:, None], logits, masked)
+        return mask_top_k_top_p(logits, k, p, plan,
+                                torch.tensor(greedy, dtype=torch.bool).to(logits.device))
 
 
 def bonus_sampler(sampler, state: MTADRequestState):

@@ -6,12 +6,14 @@ from vllm_mtad.core.acceptance import (AcceptanceResult, DenseTarget, TargetView
                                        prefix_accepted_lengths_from)
 from vllm_mtad.core.beam import BeamState, beam_step, best_beam, keep_rows
 from vllm_mtad.core.processing import (CandidatePlan, Candidates, draft_candidates, is_greedy,
-                                       plan_candidates, processed_logprobs)
+                                       mask_top_k_top_p, plan_candidates,
+                                       processed_logprobs)
 
 __all__ = [
     "AcceptanceResult", "BeamState", "CandidatePlan", "Candidates", "DenseTarget", "TargetView",
     "accepted_lengths", "accepted_lengths_from", "assemble_output", "beam_step", "best_beam",
     "draft_candidates", "extra_tokens", "extra_tokens_from", "is_greedy", "keep_rows",
+    "mask_top_k_top_p",
     "mtad_accept", "prefix_accepted_lengths_from",
     "plan_candidates", "processed_logprobs",
 ]

@@ -26,7 +26,7 @@ Two forms of the same distribution:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -237,6 +237,42 @@ def draft_candidates(
     if greedy_lp is not None:
         lp = torch.where(greedy[:, None], greedy_lp, lp)
     return Candidates(lp, ids, overflow)
+
+
+def mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                     plan: CandidatePlan, greedy: torch.Tensor | None = None
+                     ) -> torch.Tensor | None:
+    """vLLM's ``apply_top_k_top_p(logits, top_k, top_p)`` by one k-selection per row: the
+    logits with every token outside its row's top-k/top-p set at -inf and the kept ones
+    unchanged, so that a sampler drawing from the result draws what it draws after vLLM's sort
+    (same kept set; tokens with equal logits at the top-p boundary are ordered as
+    :func:`processed_logprobs` orders them, where vLLM's unstable sort is arbitrary). None
+    where a selection cannot decide, and the caller must take vLLM's sort: ``plan`` dense (a
+    row without top-k) or a row's ties at its k-th value reaching past the candidates (read on
+    the host: a sync, free on the CPU this is for).
+
+    Args:
+        logits: [rows, V] float, scaled by temperature already (as vLLM's sampler hands them).
+        top_k, top_p: [rows] each, vLLM's conventions.
+        plan: from :func:`plan_candidates` for these rows (beam width 1).
+        greedy: [rows] bool or None; rows left as they are (vLLM takes their argmax).
+    Returns:
+        [rows, V] float, a new tensor, or None.
+    """
+    if plan.num_candidates is None:
+        return None
+    R = logits.shape[0]
+    if greedy is None:
+        greedy = torch.zeros(R, dtype=torch.bool, device=logits.device)
+    # Select at temperature 1 (the logits are scaled); 0 marks greedy rows for draft_candidates.
+    temp = (~greedy).to(torch.float32)
+    cands = draft_candidates(logits, temp, top_k, top_p, replace(plan, any_greedy=False))
+    if bool(cands.overflow.any()):
+        return None
+    kept = torch.where(torch.isinf(cands.logprobs), float("-inf"),
+                       logits.gather(1, cands.token_ids))
+    masked = torch.full_like(logits, float("-inf")).scatter_(1, cands.token_ids, kept)
+    return torch.where(greedy[:, None], logits, masked)
 
 
 def dense_processed_logprobs(logits: torch.Tensor, temperature: torch.Tensor,
