@@ -1,4 +1,6 @@
-"""Shared bits of the benchmark programs: environment record, output files, tables."""
+"""Records, tables and plots: the machine and code a result came from, the output files (JSON for
+machines, Markdown for people, in benchmarks/results/ unless told otherwise), vLLM's log kept
+out of the terminal, and the in-process run helpers."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import platform
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"  # benchmarks/results/, ignored by git
 
 
 # The CPU features that decide the speed of vLLM's CPU kernels (bf16 matmuls, attention).
@@ -52,8 +54,9 @@ def code_commit() -> str:
     return _git("rev-parse", "HEAD").decode().strip() or "unknown"
 
 
-def code_version(paths=("vllm_mtad", "patches", "devtools", "setup.py", "benchmarks/common.py",
-                        "benchmarks/policy_grid.py")) -> str:
+def code_version(paths=("vllm_mtad", "patches", "devtools/engine.py", "devtools/models.py",
+                        "setup.py", "benchmarks/lib/engines.py", "benchmarks/lib/runner.py",
+                        "benchmarks/lib/report.py", "benchmarks/speed.py")) -> str:
     """A hash of the code that makes a benchmark's numbers: ``paths`` (folders and files of
     this checkout) as committed, and any uncommitted change to them ("unknown" outside a git
     checkout). Unlike the commit it stays the same when only reports or documents are
@@ -69,7 +72,7 @@ def _git(*args) -> bytes:
     """git's output in this checkout; b"" where git fails."""
     import subprocess
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         return subprocess.run(["git", *args], cwd=root, capture_output=True,
                               check=True).stdout
@@ -97,34 +100,3 @@ def write_outputs(name: str, payload: dict, table: str, out_dir: Path | None = N
     (out_dir / f"{name}.json").write_text(json.dumps(payload, indent=2))
     (out_dir / f"{name}.md").write_text(table + "\n")
     return out_dir
-
-
-def generate_in_batches(llm, prompts: list, params: list, batch: int) -> list:
-    """``llm.generate`` over ``prompts`` with at most ``batch`` requests at once, in order:
-    closed batches (the next starts when the whole batch has finished)."""
-    outs = []
-    for i in range(0, len(prompts), batch):
-        outs += llm.generate(prompts[i:i + batch], params[i:i + batch], use_tqdm=False)
-    return outs
-
-
-def generate_queued(llm, prompts: list, params: list, concurrency: int) -> list:
-    """``llm.generate`` over all ``prompts`` at once, with vLLM's scheduler admitting at most
-    ``concurrency`` of them into the running batch (its ``max_num_active_seqs``): a queued
-    request starts as soon as a running one finishes, as on a server held at that many
-    requests in flight. Needs the engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
-    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
-    scheduler = getattr(core, "scheduler", None)
-    if scheduler is None or not hasattr(scheduler, "max_num_active_reqs"):
-        raise RuntimeError("generate_queued needs an in-process vLLM engine "
-                           "(VLLM_ENABLE_V1_MULTIPROCESSING=0) whose scheduler has "
-                           "max_num_active_reqs (vLLM >= 0.32)")
-    if concurrency > scheduler.max_num_running_reqs:
-        raise ValueError(f"concurrency {concurrency} > the engine's max_num_seqs "
-                         f"{scheduler.max_num_running_reqs}")
-    before = scheduler.max_num_active_reqs
-    scheduler.max_num_active_reqs = concurrency
-    try:
-        return llm.generate(prompts, params, use_tqdm=False)
-    finally:
-        scheduler.max_num_active_reqs = before

@@ -1,4 +1,6 @@
-"""The statistics of the quality benchmark (benchmarks/quality.py), as small tested functions.
+"""The benchmarks' statistics, as small tested functions.
+
+- ``summary``: median, min and max of a configuration's repeats (the speed tables' cells).
 
 - ``pass_at_k``: the unbiased estimator of pass@k from n samples of which c pass (Chen et al.,
   2021, "Evaluating Large Language Models Trained on Code", eq. 1): 1 − C(n−c, k) / C(n, k).
@@ -68,3 +70,11 @@ def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:
         if not dominated:
             keep.append(i)
     return sorted(keep, key=lambda i: points[i][0])
+
+
+def summary(values: list[float]) -> dict:
+    """{"median", "min", "max", "n"} of ``values`` (a configuration's repeats)."""
+    import statistics
+
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}

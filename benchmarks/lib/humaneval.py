@@ -17,9 +17,9 @@ from pathlib import Path
 def run_checks(items: list[dict]) -> list[dict]:
     """[{"task_id", "completion"}, ...] -> [{"task_id", "passed", "result"}, ...], checked by this
     module in a process of its own."""
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.humaneval_check"],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.lib.humaneval"],
                           input=json.dumps(items), capture_output=True, text=True, check=True,
-                          cwd=Path(__file__).resolve().parent.parent)
+                          cwd=Path(__file__).resolve().parents[2])
     return json.loads(proc.stdout)
 
 

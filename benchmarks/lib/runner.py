@@ -1,0 +1,164 @@
+"""The runner: how a benchmark feeds an engine, orders its configurations, keeps vLLM's log
+off the terminal and runs a repeat in a process of its own.
+
+Every speed program warms each engine up on other prompts before timing, interleaves the
+configurations (:func:`run_order`) and repeats them; the report gives the median and [min, max]
+of the repeats (benchmarks.lib.stats.summary).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+
+def generate_in_batches(llm, prompts: list, params: list, batch: int) -> list:
+    """``llm.generate`` over ``prompts`` with at most ``batch`` requests at once, in order:
+    closed batches (the next starts when the whole batch has finished)."""
+    outs = []
+    for i in range(0, len(prompts), batch):
+        outs += llm.generate(prompts[i:i + batch], params[i:i + batch], use_tqdm=False)
+    return outs
+
+
+def generate_queued(llm, prompts: list, params: list, concurrency: int) -> list:
+    """``llm.generate`` over all ``prompts`` at once, with vLLM's scheduler admitting at most
+    ``concurrency`` of them into the running batch (its ``max_num_active_seqs``): a queued
+    request starts as soon as a running one finishes, as on a server held at that many
+    requests in flight. Needs the engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
+    scheduler = getattr(core, "scheduler", None)
+    if scheduler is None or not hasattr(scheduler, "max_num_active_reqs"):
+        raise RuntimeError("generate_queued needs an in-process vLLM engine "
+                           "(VLLM_ENABLE_V1_MULTIPROCESSING=0) whose scheduler has "
+                           "max_num_active_reqs (vLLM >= 0.32)")
+    if concurrency > scheduler.max_num_running_reqs:
+        raise ValueError(f"concurrency {concurrency} > the engine's max_num_seqs "
+                         f"{scheduler.max_num_running_reqs}")
+    before = scheduler.max_num_active_reqs
+    scheduler.max_num_active_reqs = concurrency
+    try:
+        return llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        scheduler.max_num_active_reqs = before
+
+
+def per_request_acceptance(outs) -> tuple[int, int]:
+    """(verify steps with a draft, draft tokens accepted) over finished requests, from vLLM's
+    per-request spec-decode metrics (``per_request_spec_decode_metrics="summary"``: each engine
+    reports its own, where vLLM's global counters belong to the engine built last)."""
+    drafts = accepted = 0
+    for out in outs:
+        metrics = out.outputs[0].spec_decode_metrics
+        if metrics is not None:
+            drafts += sum(metrics.histogram)
+            accepted += sum(j * count for j, count in enumerate(metrics.histogram))
+    return drafts, accepted
+
+
+def run_order(configs: list, repeat: int) -> list:
+    """The configurations' order in repeat ``repeat``: rotated by repeat // 2, and in odd
+    repeats reversed (and rotated by one more, so that no configuration runs twice in a row),
+    so that a configuration does not always run right after the same one (a fixed cyclic order
+    put one MTAD configuration right after another on the same engine in every repeat)."""
+    k = (repeat // 2) % len(configs)
+    order = configs[k:] + configs[:k]
+    if repeat % 2:
+        order = order[::-1]
+        order = order[1:] + order[:1]
+    return order
+
+
+@contextlib.contextmanager
+def output_to(log: Path | None):
+    """Yield a text stream on the terminal's stdout; while inside, everything else this process
+    and its children write to file descriptors 1 and 2 (vLLM's logger, tqdm, C++ warnings)
+    goes to ``log``, appended. ``log=None`` changes nothing."""
+    if log is None:
+        yield sys.stdout
+        return
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    terminal = os.fdopen(os.dup(saved[0]), "w", buffering=1)
+    try:
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        yield terminal
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, target):
+            os.close(fd)
+        terminal.close()
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log, for an error message."""
+    return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+
+
+def in_own_process(work, args: tuple, progress, what: str):
+    """``work(report, *args)`` in a process spawned for it and gone after it (memory closed
+    engines leave behind goes with the process: in one process, the third set of three
+    real-pair engines ran out of 24 GiB). ``work`` calls ``report(n)`` after each run, which
+    calls ``progress(n)`` here; its return value is returned. ``what`` names it in errors."""
+    import multiprocessing
+    import queue
+
+    ctx = multiprocessing.get_context("spawn")
+    messages = ctx.Queue()
+    child = ctx.Process(target=_child, args=(messages, os.getpid(), work, args))
+    child.start()
+    try:
+        while True:
+            try:
+                kind, payload = messages.get(timeout=5)
+            except queue.Empty:
+                if child.is_alive():
+                    continue
+                try:  # its last message may have arrived between the wait and the check
+                    kind, payload = messages.get(timeout=1)
+                except queue.Empty:
+                    raise RuntimeError(f"the process of {what} ended with exit code "
+                                       f"{child.exitcode} (-9: killed, out of memory?)") from None
+            if kind == "run":
+                progress(payload)
+            elif kind == "error":
+                raise RuntimeError(f"{what}:\n{payload}")
+            else:
+                return payload
+    finally:
+        child.join(timeout=120)
+        if child.is_alive():
+            child.kill()
+
+
+def _child(messages, parent: int, work, args) -> None:
+    import traceback
+
+    die_with_parent(parent)
+    try:
+        messages.put(("done", work(lambda n: messages.put(("run", n)), *args)))
+    except BaseException:  # the parent raises it, with this traceback
+        messages.put(("error", traceback.format_exc()))
+
+
+def die_with_parent(parent: int) -> None:
+    """Linux: this process gets SIGKILL when ``parent`` ends, however it ends (a benchmark
+    stopped by hand left its repeat's process running, 20 GB and both cores)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except AttributeError:  # not Linux
+        return
+    if os.getppid() != parent:  # it ended before the request
+        os._exit(1)
