@@ -26,7 +26,7 @@ import time
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from benchmarks.common import environment, markdown_table, write_outputs  # noqa: E402
+from benchmarks.lib.report import environment, markdown_table, write_outputs  # noqa: E402
 from devtools.engine import build_llm, close, metric_sum, mtad_spec  # noqa: E402
 
 GAMMA = 4

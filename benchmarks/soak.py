@@ -44,7 +44,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.server import Server, free_port, read_metrics, running_server, serve_command
+from devtools.server import Server, free_port, read_metrics, running_server, serve_command
 
 GAMMA, WIDTH, TAU = 4, 4, 0.5
 # The soak server's environment: vLLM's dev routes, for /reset_prefix_cache before each run alone.
@@ -541,7 +541,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    from benchmarks.common import environment, write_outputs
+    from benchmarks.lib.report import environment, write_outputs
 
     if args.target:
         target, draft = args.target, args.draft

@@ -35,7 +35,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.lib.engines import CONFIGS, SHIPPED, EngineSet, engine_of, prepare, select_everywhere
+from benchmarks.lib.engines import (CONFIGS, SHIPPED, EngineSet, default_dtype, engine_of,
+                                    prepare, select_everywhere)
 from benchmarks.lib.prompts import GREEDY, HALF, PAPER, humaneval_prompts
 from benchmarks.lib.report import RESULTS, code_commit, code_version, environment, write_outputs
 from benchmarks.lib.runner import (generate_in_batches, in_own_process, output_to,
@@ -48,7 +49,7 @@ PRESETS = {
     # The README's headline table: batch 1 and a loaded batch, both temperatures, the three
     # engines a user chooses between, vLLM's own sampler beside the selection at T=1.
     "verdict": dict(batches=[1, 16], tokens=32, repeats=2, min_prompts=2,
-                    configs=["target", "vllm_sd", "mtad"], sampler="both", instances="run"),
+                    configs=["target", "vllm_sd", "mtad"], sampler="both", instances="auto"),
     # Every MTAD form at four loads, each repeat on fresh engines (hours on a 2-core CPU).
     "grid": dict(batches=[1, 4, 16, 48], tokens=48, repeats=2, min_prompts=4,
                  configs=["target", "vllm_sd", "mtad", "mtad_fixed", "mtad_g8"],
@@ -130,6 +131,42 @@ def mtad_gamma(spec: EngineSet, configs: list[str]) -> int:
         else spec.gamma
 
 
+def family_repeat(report, spec: EngineSet, family: str, plan: list, r: int, tokens: int,
+                  min_prompts: int, prompts: list) -> list:
+    """Repeat ``r`` of one engine family (--instances family): its engine built here, then at
+    every (cell, batch) of ``plan`` one warm-up run on other prompts (half the tokens) and its
+    configurations timed in run_order. [(cell, batch, config, result), ...]."""
+    llm = spec.build(family, mtad_gamma(spec, [c for _, _, cs in plan for c in cs]))
+    try:
+        out = []
+        for cell, batch, configs in plan:
+            mine = [c for c in configs if engine_of(c) == family]
+            if not mine:
+                continue
+            n = max(batch, min_prompts)
+            warm, timed = prompts[HALF: HALF + n], prompts[:n]
+            run_one(llm, mine[0], cell, batch, warm, max(tokens // 2, 1), spec.gamma, 1000)
+            report(1)
+            for config in run_order(mine, r):
+                out.append((cell, batch, config,
+                            run_one(llm, config, cell, batch, timed, tokens, spec.gamma, 0)))
+                report(1)
+        return out
+    finally:
+        close(llm)
+
+
+def instances_for(choice: str, spec: EngineSet, families: list[str]) -> str:
+    """``auto``: every engine alive in this process ("run") where they fit in the memory
+    available now with 2 GiB to spare, one engine family at a time ("family") otherwise."""
+    if choice != "auto":
+        return choice
+    import psutil
+
+    need = spec.memory_bytes(families) + (2 << 30)
+    return "run" if need <= psutil.virtual_memory().available else "family"
+
+
 def main(argv=None) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     # PyTorch's large allocations (the weights) on huge pages: two engines of one model then
@@ -149,9 +186,15 @@ def main(argv=None) -> None:
     ap.add_argument("--sampler", choices=("equal", "both"),
                     help="equal: every engine samples by the k-selection; both: also vLLM's own "
                          "sampler for the target alone and vLLM SD at T=1")
-    ap.add_argument("--instances", choices=("run", "repeat"),
-                    help="run: one engine per family for the whole run; repeat: fresh engines "
-                         "for every repeat, in a process of its own")
+    ap.add_argument("--instances", choices=("auto", "run", "repeat", "family"),
+                    help="run: one engine per family for the whole run, all alive in this "
+                         "process; repeat: fresh engines for every repeat of a (cell, batch), "
+                         "in a process of their own; family: every repeat runs each engine "
+                         "family in a process of its own, in an order turned round from one "
+                         "repeat to the next (what fits where three engines do not); auto: run "
+                         "where the engines fit in memory, family otherwise")
+    ap.add_argument("--dtype", help="the real pair's dtype (default: bfloat16 where the CPU "
+                                    "has AVX-512 BF16 or AMX, float32 elsewhere)")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--out", type=Path, default=RESULTS / "speed")
     ap.add_argument("--log", type=Path, help="vLLM's log (default: OUT/vllm.log)")
@@ -166,39 +209,59 @@ def main(argv=None) -> None:
 
     select_everywhere()
     target, draft, tiny = resolve_pair(args)
-    spec = EngineSet(target, draft, tiny, max(args.batches), args.gamma)
     env = environment() | {"commit": code_commit(), "code_version": code_version()}
+    args.dtype = args.dtype or ("float32" if tiny else default_dtype(env.get("cpu_flags", [])))
+    spec = EngineSet(target, draft, tiny, max(args.batches), args.dtype, args.gamma)
     prompts = humaneval_prompts(2 * HALF)
     plan = [(cell, b, cell_configs(cell, args.configs, args.sampler))
             for b in args.batches for cell in CELLS if cell in args.cells]
-    warm_ups = args.repeats if args.instances == "repeat" else 1
+    families = sorted({engine_of(c) for _, _, cs in plan for c in cs})
+    args.instances = instances_for(args.instances, spec, families)
+    env["dtype"], env["instances"] = args.dtype, args.instances
     log = None if args.verbose else (args.log or args.out / "vllm.log")
-    print(f"target {target}\ndraft  {draft}\n{env.get('cpu_model', '?')}, {env['cpus']} CPUs; "
-          f"vLLM {env['vllm']}; code {env['code_version']}"
+    print(f"target {target}\ndraft  {draft} ({args.dtype})\n{env.get('cpu_model', '?')}, "
+          f"{env['cpus']} CPUs, flags {' '.join(env.get('cpu_flags', []))}; vLLM {env['vllm']}; "
+          f"code {env['code_version']}; engines: {args.instances}"
           + (f"\nvLLM's log: {log}" if log else ""), file=sys.stderr)
+    if args.instances == "family":
+        total = args.repeats * sum(len(c) + len({engine_of(x) for x in c}) for _, _, c in plan)
+    else:
+        warm_ups = args.repeats if args.instances == "repeat" else 1
+        total = sum(len(c) * (warm_ups + args.repeats) for _, _, c in plan)
     runs, started = [], time.time()
     with output_to(log) as terminal:
-        bar = tqdm(total=sum(len(c) * (warm_ups + args.repeats) for _, _, c in plan),
-                   unit="run", desc="runs", file=terminal)
+        bar = tqdm(total=total, unit="run", desc="runs", file=terminal)
         engines = None
         try:
-            if args.instances == "run":
-                names = sorted({engine_of(c) for _, _, cs in plan for c in cs})
-                engines = {n: spec.build(n, mtad_gamma(spec, args.configs)) for n in names}
-            for cell, batch, configs in plan:
-                n = max(batch, args.min_prompts)
-                warm, timed = prompts[HALF: HALF + n], prompts[:n]
+            if args.instances == "family":
                 for r in range(args.repeats):
-                    bar.set_postfix_str(f"{cell} batch {batch} repeat {r + 1}")
-                    rep_args = (None if args.instances == "repeat" else engines, spec, cell,
-                                batch, r, configs, warm if r < warm_ups else None, timed,
-                                args.tokens)
-                    measured = (in_own_process(repeat, rep_args, bar.update,
-                                               f"repeat {r} of {cell} batch {batch}")
-                                if args.instances == "repeat" else repeat(bar.update, *rep_args))
-                    runs += [{"cell": cell, "batch": batch, "config": c, "repeat": r} | res
-                             for c, res in measured]
-                write_report(args, target, draft, env, runs, time.time() - started)
+                    for family in (families if r % 2 == 0 else families[::-1]):
+                        bar.set_postfix_str(f"repeat {r + 1}: {family}")
+                        measured = in_own_process(
+                            family_repeat, (spec, family, plan, r, args.tokens,
+                                            args.min_prompts, prompts),
+                            bar.update, f"repeat {r} of {family}")
+                        runs += [{"cell": cell, "batch": batch, "config": c, "repeat": r} | res
+                                 for cell, batch, c, res in measured]
+                        write_report(args, target, draft, env, runs, time.time() - started)
+            else:
+                if args.instances == "run":
+                    engines = {n: spec.build(n, mtad_gamma(spec, args.configs))
+                               for n in families}
+                warm_ups = args.repeats if args.instances == "repeat" else 1
+                for cell, batch, configs in plan:
+                    n = max(batch, args.min_prompts)
+                    warm, timed = prompts[HALF: HALF + n], prompts[:n]
+                    for r in range(args.repeats):
+                        bar.set_postfix_str(f"{cell} batch {batch} repeat {r + 1}")
+                        rep_args = (engines, spec, cell, batch, r, configs,
+                                    warm if r < warm_ups else None, timed, args.tokens)
+                        measured = (in_own_process(repeat, rep_args, bar.update,
+                                                   f"repeat {r} of {cell} batch {batch}")
+                                    if engines is None else repeat(bar.update, *rep_args))
+                        runs += [{"cell": cell, "batch": batch, "config": c, "repeat": r}
+                                 | res for c, res in measured]
+                    write_report(args, target, draft, env, runs, time.time() - started)
         except BaseException:
             if log is not None:
                 print(f"--- the end of {log}:\n{tail(log)}", file=terminal)

@@ -79,9 +79,8 @@ def release_memory() -> None:
     free pages (glibc's ``malloc_trim``; it keeps them otherwise, per arena). Measured on the real
     pair: a closed MTAD engine left 2.9 GB resident after ``gc.collect()``, 1.1 GB after the trim.
     Not enough for many sets of engines in one process: with it, a grid that built three engines
-    a repeat still grew ~1 GB a set (9f5d103), so benchmarks.policy_grid now builds a repeat's
-    engines in a process of their own and calls this only between the SD engines of
-    ``--instances grid``. No-op trim where the C library has none (not glibc)."""
+    a repeat still grew ~1 GB a set (9f5d103), so ``benchmarks.speed --instances repeat`` builds
+    a repeat's engines in a process of their own instead. No-op trim where the C library has none (not glibc)."""
     gc.collect()
     try:
         trim = ctypes.CDLL(None).malloc_trim

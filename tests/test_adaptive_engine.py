@@ -212,12 +212,12 @@ def test_steps_without_a_draft_sample_what_the_target_alone_samples(tiny_pair_di
 
 
 def test_queued_arrivals_hold_the_concurrency_and_lose_no_draft(tiny_pair_dirs):
-    """benchmarks.common.generate_queued (the policy grid's ``--arrivals queued``): vLLM admits
+    """benchmarks.lib.runner.generate_queued: vLLM admits
     at most ``concurrency`` requests into the running batch, a queued request joins as soon as
     one finishes (its prefill beside the others' drafts), and the admission limit is restored
     afterwards. With the draft equal to the target, every drafted token is accepted: requests
     joining a drafting batch leave no stale draft KV behind."""
-    from benchmarks.common import generate_queued
+    from benchmarks.lib.runner import generate_queued
 
     target_dir, _ = tiny_pair_dirs
     llm = make_llm(target_dir, mtad_spec(target_dir, gamma=3, width=4,

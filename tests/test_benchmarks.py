@@ -1,4 +1,5 @@
-"""The benchmark programs and the demo run end to end on the tiny pair and report sane figures."""
+"""The benchmark programs and the demo run end to end on the tiny pair and report sane figures
+(each program once: a short run, its JSON, its table)."""
 
 from __future__ import annotations
 
@@ -24,39 +25,85 @@ def run_module(args, tmp_path, timeout=600, with_stderr=False):
 
 
 @pytest.mark.system
-def test_compare_quick_on_tiny_pair(tmp_path):
-    run_module(["benchmarks.compare", "--tiny", "--quick", "--humaneval", "2", "--chat", "1",
-                "--max-tokens", "16", "--out", str(tmp_path / "out")], tmp_path)
-    data = json.loads((tmp_path / "out" / "compare.json").read_text())
-    rows = {(r["name"], r["temperature"]): r for r in data["rows"]}
-    assert series_of(data["environment"]["vllm"]) is not None  # a supported vLLM, recorded
-    # Greedy speculative decoding is lossless: same tokens, same perplexity as the target.
-    assert rows[("vLLM SD", 0.0)]["ppl_token_weighted"] == pytest.approx(
-        rows[("target alone", 0.0)]["ppl_token_weighted"], rel=1e-6)
-    for (name, _), r in rows.items():
-        assert r["output_tokens"] == 16 * r["requests"]  # ignore_eos on the tiny pair
-        if name.startswith(("MTAD", "vLLM SD")):
-            assert 1 <= r["mean_acceptance_length"] <= 5
-            assert len(r["acceptance_per_position"]) == 4
-        assert r["humaneval_n"] == 2 and r["ppl_per_sample"] > 1
-        # Phase timers are on by default in the benchmark, for every method.
-        ph = r["phase_seconds"]
-        assert ph["target_forward"] > 0 and ph["sampler"] > 0 and ph["step"] > 0
-        assert sum(ph.values()) <= r["seconds"] * 1.05
-        assert r["other_seconds"] == ph["step"]
-        if name.startswith(("MTAD", "vLLM SD")):
-            assert ph["draft_forward"] > 0 and r["draft_seconds"] >= ph["draft_forward"]
-            assert 0 <= r["draft_vocab_share_of_drafting"] <= 1
-        else:
-            assert r["draft_seconds"] == 0 and r["draft_vocab_share_of_drafting"] is None
-    md = (tmp_path / "out" / "compare.md").read_text()
-    assert md.startswith("| method |") and "| draft vocab / drafting |" in md
-    assert (tmp_path / "out" / "acceptance_by_method.png").stat().st_size > 1000
+def test_speed_verdict_on_tiny_pair(tmp_path):
+    """The verdict (benchmarks/speed.py's default preset, scripts/bench.sh) end to end: every
+    cell and configuration, both samplers at T=1, the headline's ratios from the medians, the
+    runs interleaved, vLLM's log in its file, the machine recorded."""
+    out = tmp_path / "out"
+    stdout = run_module(["benchmarks.speed", "--tiny", "--batches", "1", "2", "--tokens", "8",
+                         "--out", str(out)], tmp_path)
+    data = json.loads((out / "speed.json").read_text())
+    env = data["environment"]
+    assert series_of(env["vllm"]) is not None and env["cpu_model"] and "cpu_flags" in env
+    assert env["code_version"] != "unknown"
+    cells = {(c["cell"], c["batch"], c["config"]): c for c in data["cells"]}
+    t1 = ["target", "target as shipped", "vllm_sd", "vllm_sd as shipped", "mtad"]
+    t0 = ["target", "vllm_sd", "mtad joint", "mtad exact"]
+    assert set(cells) == {("T=1", b, c) for b in (1, 2) for c in t1} | {
+        ("T=0", b, c) for b in (1, 2) for c in t0}
+    for (cell, batch, config), c in cells.items():
+        assert c["n"] == 2 and c["min"] <= c["median"] <= c["max"]
+        if config.startswith("vllm_sd") and c["acceptance"] is not None:
+            assert 1 <= c["acceptance"] <= 5
+        for key in filter(None, c["chosen"].split(" ")):  # MTAD's γ ≤ 4; exact: one beam
+            width, tokens = key.split(":")[0][1:].split("_g")
+            assert int(tokens) <= 4 and (config != "mtad exact" or int(width) == 1), key
+    # Every run timed --min-prompts (2) prompts or a batch, --tokens each (ignore_eos).
+    assert all(r["tokens"] == 8 * max(r["batch"], 2) for r in data["runs"])
+    # Interleaved: each repeat in run_order, no configuration twice in a row.
+    from benchmarks.lib.runner import run_order
+
+    for batch in (1, 2):
+        ran = [(r["config"], r["repeat"]) for r in data["runs"]
+               if r["cell"] == "T=1" and r["batch"] == batch]
+        assert ran == [(c, r) for r in range(2) for c in run_order(t1, r)]
+    # The headline: T=1, T=0 joint, T=0 exact per batch; ratios of the medians; as shipped at
+    # T=1 only; T=0's target alone and vLLM SD are the same runs for both greedy rules.
+    head = {(h["cell"], h["batch"]): h for h in data["headline"]}
+    assert set(head) == {(c, b) for c in ("T=1", "T=0 joint", "T=0 exact") for b in (1, 2)}
+    for (cell, batch), h in head.items():
+        base = "T=1" if cell == "T=1" else "T=0"
+        med = {k: cells[(base, batch, k)]["median"] for k in ("target", "vllm_sd")}
+        mtad = cells[(base, batch, "mtad" if cell == "T=1" else f"mtad {cell.split()[1]}")]
+        assert h["vs_sd"] == pytest.approx(mtad["median"] / med["vllm_sd"])
+        assert h["vs_target"] == pytest.approx(mtad["median"] / med["target"])
+        shipped = cells.get((base, batch, "vllm_sd as shipped"))
+        assert (h["shipped_vs_sd"] is None) == (cell != "T=1")
+        if shipped:
+            assert h["shipped_vs_sd"] == pytest.approx(mtad["median"] / shipped["median"])
+            assert h["sampler_gain"] == pytest.approx(
+                med["target"] / cells[(base, batch, "target as shipped")]["median"])
+    table = [line for line in stdout.splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| cell | batch | target alone | vLLM SD")
+    assert (out / "speed.md").read_text().startswith(table[0])
+    assert "The sampler alone" in stdout and (out / "speed.png").stat().st_size > 1000
+    log = (out / "vllm.log").read_text()
+    assert "vllm-mtad: MTAD enabled with" in log and "MTAD enabled with" not in stdout
 
 
 @pytest.mark.system
-def test_draft_phase_quick(tmp_path):
-    run_module(["benchmarks.draft_phase", "--quick", "--new-tokens", "16", "--out",
+@pytest.mark.slow
+def test_speed_grid_preset_on_tiny_pair(tmp_path):
+    """The long grid's settings on the tiny pair: fresh engines every repeat (a process each),
+    MTAD fixed and the γ ≤ 8 bound beside the default, equal samplers only."""
+    out = tmp_path / "out"
+    run_module(["benchmarks.speed", "--tiny", "--preset", "grid", "--batches", "1",
+                "--tokens", "8", "--out", str(out)], tmp_path)
+    data = json.loads((out / "speed.json").read_text())
+    assert data["args"]["instances"] == "repeat" and data["args"]["sampler"] == "equal"
+    cells = {(c["cell"], c["config"]): c for c in data["cells"]}
+    assert not any(config.endswith("as shipped") for _, config in cells)
+    assert cells[("T=1", "mtad_fixed")]["chosen"].startswith("W4_g4")
+    assert cells[("T=0", "mtad_fixed exact")]["chosen"].startswith("W1_g4")
+    for (cell, config), c in cells.items():
+        for key in filter(None, c["chosen"].split(" ")):
+            tokens = int(key.split("_g")[1].split(":")[0])
+            assert tokens <= (8 if config.startswith("mtad_g8") else 4), (config, key)
+
+
+@pytest.mark.system
+def test_phases_draft_view_quick(tmp_path):
+    run_module(["benchmarks.phases", "draft", "--quick", "--new-tokens", "16", "--out",
                 str(tmp_path / "out")], tmp_path)
     data = json.loads((tmp_path / "out" / "draft_phase.json").read_text())
     by_width = {r["beam_width"]: r for r in data["rows"]}
@@ -67,29 +114,6 @@ def test_draft_phase_quick(tmp_path):
     assert all(r["draft_forward_ms_per_round"] > 0 and r["beam_kv_ms_per_round"] is not None
                for r in data["rows"])
     assert (tmp_path / "out" / "draft_phase.png").exists()
-
-
-@pytest.mark.unit
-def test_compare_speed_only_plan():
-    # Importing the benchmark sets environment defaults (phase timers on): keep them out of
-    # this test process.
-    keys = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_LOGGING_LEVEL", "VLLM_MTAD_PHASE_TIMERS")
-    saved = {k: os.environ.get(k) for k in keys}
-    try:
-        from benchmarks.compare import plan_all
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-    plan = plan_all("draft", quick=False, sweeps=False, speed_only=True)
-    runs = [(m, r[0], r[1], r[2]) for m, _, rs in plan for r in rs]
-    assert runs == [(m, m, 1.0, b) for m in ("target alone", "vLLM SD (probabilistic draft)",
-                                              "MTAD") for b in (16, 1)]
-    assert plan[1][1]["draft_sample_method"] == "probabilistic"
-    assert plan[2][1]["beam_width"] == 4
 
 
 @pytest.mark.system
@@ -111,10 +135,10 @@ def test_demo_tiny(tmp_path):
 
 
 @pytest.mark.system
-def test_vocab_kernels_runs(tmp_path):
+def test_kernels_vocab_runs(tmp_path):
     """The kernel benchmark runs and reports every piece (its figures are for reading, not for
     asserting: speed is measured by the benchmark, not by a test)."""
-    run_module(["benchmarks.vocab_kernels", "--batches", "1", "--repeats", "1", "--out",
+    run_module(["benchmarks.kernels", "vocab", "--batches", "1", "--repeats", "1", "--out",
                 str(tmp_path / "out")], tmp_path)
     data = json.loads((tmp_path / "out" / "vocab_kernels.json").read_text())
     assert data["vocab_size"] == 151_936
@@ -123,9 +147,9 @@ def test_vocab_kernels_runs(tmp_path):
 
 
 @pytest.mark.system
-def test_policy_decision_runs(tmp_path):
+def test_kernels_policy_runs(tmp_path):
     """The policy's decision-cost benchmark runs and reports a time per batch size."""
-    run_module(["benchmarks.policy_decision", "--batches", "1", "16", "--seconds", "0.05",
+    run_module(["benchmarks.kernels", "policy", "--batches", "1", "16", "--seconds", "0.05",
                 "--repeats", "2", "--out", str(tmp_path / "out")], tmp_path)
     data = json.loads((tmp_path / "out" / "policy_decision.json").read_text())
     assert [r["batch"] for r in data["rows"]] == [1, 16]
@@ -184,73 +208,8 @@ def test_kv_cost_beams_reserve_nothing_in_the_target_layers(tmp_path):
 
 @pytest.mark.system
 @pytest.mark.slow
-def test_policy_grid_on_tiny_pair(tmp_path):
-    grid = ["benchmarks.policy_grid", "--tiny", "--batches", "1", "2", "--tokens", "12",
-            "--repeats", "2", "--out", str(tmp_path / "out"), "--cells", "T=1", "T=1 SD greedy"]
-    run_module(grid + ["--resume"], tmp_path)  # nothing to go on with yet: it starts
-    first = json.loads((tmp_path / "out" / "policy_grid.json").read_text())
-    # Fresh instances run batch by batch (every cell at batch 1 first); the tables by cell.
-    ran = list(dict.fromkeys((r["cell"], r["batch"]) for r in first["runs"]))
-    assert ran == [("T=1", 1), ("T=1 SD greedy", 1), ("T=1", 2), ("T=1 SD greedy", 2)]
-    assert list(dict.fromkeys((c["cell"], c["batch"]) for c in first["cells"])) == sorted(ran)
-    # Resumed with one more cell: the first invocation's runs are kept, only the new cell runs.
-    run_module(grid + ["T=0 exact", "--resume"], tmp_path)
-    data = json.loads((tmp_path / "out" / "policy_grid.json").read_text())
-    assert data["runs"][:len(first["runs"])] == first["runs"]
-    assert {r["cell"] for r in data["runs"][len(first["runs"]):]} == {"T=0 exact"}
-    assert len(data["environment"]["invocations"]) == 2
-    version = data["environment"]["code_version"]
-    assert version == first["environment"]["code_version"] != "unknown"
-    # Once whole, the same command runs nothing more (and builds no engine).
-    out, err = run_module(grid + ["T=0 exact", "--resume"], tmp_path, with_stderr=True)
-    assert "nothing left to run" in err and out.startswith("| cell |")
-    assert json.loads((tmp_path / "out" / "policy_grid.json").read_text())["runs"] == data["runs"]
-    assert data["environment"]["cpu_model"] and "cpu_flags" in data["environment"]
-    cells = {(c["cell"], c["batch"], c["config"]): c for c in data["cells"]}
-    # T=1 and T=0 exact: target, vLLM SD, MTAD fixed, adaptive (γ ≤ 4) and adaptive with γ ≤ 8;
-    # "T=1 SD greedy": target, vLLM SD with greedy drafts, MTAD adaptive.
-    assert len(cells) == 2 * 5 + 2 * 3 + 2 * 5
-    for (cell, batch, config), c in cells.items():
-        assert c["min"] <= c["tok_s"] <= c["max"]
-        if config in ("mtad_fixed", "vllm_sd", "vllm_sd_greedy"):
-            assert 1 <= c["acceptance"] <= 5
-        if config == "mtad_adaptive_g8" and c["acceptance"] is not None:
-            assert 1 <= c["acceptance"] <= 9
-    # The γ bounds hold: adaptive drafts at most 4 tokens, adaptive_g8 at most 8.
-    for (cell, batch, config), c in cells.items():
-        for key in filter(None, c["chosen"].split(" ")):
-            tokens = int(key.split("_g")[1].split(":")[0])
-            assert tokens <= (8 if config == "mtad_adaptive_g8" else 4), (config, key)
-    # Each run times at least --min-prompts (4) prompts, ``batch`` at a time.
-    assert all(r["tokens"] == 12 * max(r["batch"], 4) for r in data["runs"])
-    # What the adaptive policy believed at the end of each cell: four fitted cost lines and
-    # the correction of the price of a step without a draft.
-    for (cell, batch, config), c in cells.items():
-        assert ("policy" in c) == (config == "mtad_adaptive")
-        if "policy" in c:
-            assert set(c["policy"]["policy_costs"]) == {"verify", "first_pass", "beam_step",
-                                                        "rest", "no_draft"}
-            assert c["policy"]["policy_steps"] > 0
-    # The fixed configuration drafts (4, 4) every step; exact batches draft one beam.
-    assert cells[("T=1", 2, "mtad_fixed")]["chosen"].startswith("W4_g4")
-    assert cells[("T=0 exact", 2, "mtad_fixed")]["chosen"].startswith("W1_g4")
-    # One engine per configuration for the whole invocation (--instances grid) runs alike.
-    run_module(["benchmarks.policy_grid", "--tiny", "--batches", "1", "--tokens", "8",
-                "--repeats", "2", "--cells", "T=1 SD greedy", "--instances", "grid",
-                "--out", str(tmp_path / "grid")], tmp_path)
-    once = json.loads((tmp_path / "grid" / "policy_grid.json").read_text())
-    assert once["args"]["instances"] == "grid" and data["args"]["instances"] == "repeat"
-    from benchmarks.policy_grid import run_order
-
-    configs = ["target", "vllm_sd_greedy", "mtad_adaptive"]
-    assert [(r["config"], r["repeat"]) for r in once["runs"]] == [
-        (c, r) for r in range(2) for c in run_order(configs, r)]
-
-
-@pytest.mark.system
-@pytest.mark.slow
-def test_step_phases_on_tiny_pair(tmp_path):
-    run_module(["benchmarks.step_phases", "--tiny", "--tokens", "12", "--repeats", "2",
+def test_phases_step_view_on_tiny_pair(tmp_path):
+    run_module(["benchmarks.phases", "step", "--tiny", "--tokens", "12", "--repeats", "2",
                 "--out", str(tmp_path / "out")], tmp_path)
     data = json.loads((tmp_path / "out" / "step_phases.json").read_text())
     assert data["environment"]["cpu_model"] and data["built"] == ["vllm_sd", "mtad"]
@@ -316,120 +275,8 @@ def test_quality_grid_on_tiny_pair_resumes_and_reports(tmp_path):
 
 
 @pytest.mark.unit
-def test_policy_grid_queue_depth_fits_the_prompts_humaneval_has():
-    from benchmarks.policy_grid import HALF, prompts_per_run
-
-    assert prompts_per_run(4, 3, 4) == 12  # queued batch 4: three batches
-    assert prompts_per_run(16, 3, 4) == 48
-    assert prompts_per_run(1, 3, 4) == 4  # at least --min-prompts
-    assert prompts_per_run(32, 3, 4) == 64  # two batches are what HumanEval's half holds
-    assert prompts_per_run(48, 3, 4) == 48  # one batch, all at once
-    assert prompts_per_run(48, 1, 4) == 48  # closed
-    assert all(prompts_per_run(b, 3, 4) <= HALF for b in range(1, HALF + 1))
-
-
-@pytest.mark.unit
-def test_policy_grid_resumes_only_the_same_code_settings_and_machine(tmp_path):
-    import argparse
-
-    from benchmarks.policy_grid import resumed
-
-    def args(**kw):
-        base = dict(out=str(tmp_path), tiny=False, batches=[1, 4], tokens=48, repeats=2,
-                    min_prompts=4, arrivals="queued", queue_depth=3, gamma=4, long_gamma=8,
-                    instances="repeat")
-        return argparse.Namespace(**(base | kw))
-
-    def error(message):
-        raise SystemExit(message)
-
-    env = {"code_version": "abc", "commit": "c1", "cpu_model": "EPYC", "cpu_flags": ["avx2"],
-           "cpus": 2, "vllm": "0.32.0"}
-    pair = {"target": "/t", "draft": "/d"}
-    assert resumed(args(), env, pair, error) is None  # none yet: the grid starts
-    saved = {"environment": env, "args": vars(args()), **pair, "cells": [{"cell": "T=1"}],
-             "runs": []}
-    (tmp_path / "policy_grid.json").write_text(json.dumps(saved))
-    assert resumed(args(), env, pair, error)["cells"] == [{"cell": "T=1"}]
-    assert resumed(args(), env | {"commit": "c2"}, pair, error)  # reports committed since
-    with pytest.raises(SystemExit, match="code version abc .commit c1., this is abd"):
-        resumed(args(), env | {"code_version": "abd"}, pair, error)
-    with pytest.raises(SystemExit, match="cpu_model EPYC"):
-        resumed(args(), env | {"cpu_model": "Xeon"}, pair, error)
-    with pytest.raises(SystemExit, match="--tokens 48, not 32"):
-        resumed(args(tokens=32), env, pair, error)
-    with pytest.raises(SystemExit, match="--batches"):
-        resumed(args(batches=[1, 4, 16]), env, pair, error)
-    with pytest.raises(SystemExit, match="--instances repeat, not grid"):
-        resumed(args(instances="grid"), env, pair, error)
-    with pytest.raises(SystemExit, match="the draft /d, not /e"):
-        resumed(args(), env, pair | {"draft": "/e"}, error)
-
-
-@pytest.mark.unit
-def test_grid_targets_judge_each_cell_by_the_targets_that_apply():
-    from benchmarks.grid_targets import judge, pair_noise
-
-    runs, cells = [], []
-
-    def c(cell, batch, config, speeds, acceptance=None):
-        """A configuration's repeats (tok/s) and its cell: the median, min and max."""
-        runs.extend({"cell": cell, "batch": batch, "config": config, "tok_s": x}
-                    for x in speeds)
-        xs = sorted(speeds)
-        cells.append({"cell": cell, "batch": batch, "config": config,
-                      "tok_s": (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2, "min": xs[0],
-                      "max": xs[-1], "acceptance": acceptance, "chosen": ""})
-
-    c("T=1", 1, "target", [6.9, 7.1])
-    c("T=1", 1, "vllm_sd", [8.0, 10.0])
-    c("T=1", 1, "mtad_adaptive", [11.5, 12.5])
-    c("T=1", 4, "target", [21.0, 23.0])
-    c("T=1", 4, "vllm_sd", [14.0, 16.0])
-    c("T=1", 4, "mtad_adaptive", [21.2, 21.8])  # 2 % below; ~6 % noise: within it
-    c("T=1 SD greedy", 4, "target", [22.3, 23.3])
-    c("T=1 SD greedy", 4, "vllm_sd_greedy", [15.1, 15.3])
-    c("T=1 SD greedy", 4, "mtad_adaptive", [21.0, 21.2])  # 7.5 % below; 1.9 % noise: slower
-    # Ranges disjoint, 0.9 % below, 1.5 % noise (grid-7e68367's T=1 batch 48): within it.
-    c("T=1", 48, "target", [34.322, 34.325])
-    c("T=1", 48, "vllm_sd", [18.51, 19.31])
-    c("T=1", 48, "mtad_adaptive", [33.95, 34.07])
-    c("T=1", 48, "mtad_adaptive_g8", [33.49, 34.26])
-    c("T=0 exact", 1, "target", [6.7, 7.3])
-    c("T=0 exact", 1, "vllm_sd", [9.9, 11.0], 4.09)
-    c("T=0 exact", 1, "mtad_fixed", [10.8, 11.0], 4.09)
-    c("T=0 exact", 1, "mtad_adaptive", [10.5, 11.1], 3.90)
-    c("T=0 joint", 16, "target", [39.0, 41.0])
-    c("T=0 joint", 16, "vllm_sd", [26.0, 28.0])
-    c("T=0 joint", 16, "mtad_fixed", [23.0, 25.0])  # no adaptive: not judged
-    c("T=0 joint", 1, "target", [7.0])  # one repeat each: no noise measured
-    c("T=0 joint", 1, "vllm_sd", [10.0])
-    c("T=0 joint", 1, "mtad_adaptive", [9.9])
-    s, df = pair_noise(runs)[("T=1", 48)]
-    assert df == 4 and abs(s - 0.01703) < 1e-4, (s, df)
-    rows = {(r["cell"], r["batch"]): r for r in judge(cells, runs)}
-    assert set(rows) == {("T=1", 1), ("T=1", 4), ("T=1 SD greedy", 4), ("T=1", 48),
-                         ("T=0 exact", 1), ("T=0 joint", 1)}
-    assert rows[("T=1", 1)]["checks"] == {"never slower": "met", ">= 1.3x SD": "met"}
-    assert rows[("T=1", 1)]["best"] == "vllm_sd"
-    assert rows[("T=1", 4)]["checks"]["never slower"] == "within noise"
-    assert rows[("T=1", 4)]["ranges_overlap"]
-    assert rows[("T=1 SD greedy", 4)]["checks"] == {"never slower": "NOT met",
-                                                     ">= 1.3x SD": "met"}
-    assert rows[("T=1", 48)]["checks"] == {"never slower": "within noise"}
-    assert not rows[("T=1", 48)]["ranges_overlap"]
-    exact = rows[("T=0 exact", 1)]
-    assert exact["checks"] == {"never slower": "met", ">= SD": "met",
-                               "chain acceptance >= SD's": "met"}
-    assert exact["acceptance"] == {"adaptive": 3.90, "mtad_fixed": 4.09, "vllm_sd": 4.09}
-    assert abs(exact["vs_sd"] - 10.8 / 10.45) < 1e-12
-    assert rows[("T=0 joint", 1)]["checks"] == {"never slower": "NOT met",
-                                                 ">= 1.1x SD": "NOT met"}
-
-
-@pytest.mark.unit
-def test_policy_grid_order_varies_what_each_configuration_follows():
-    from benchmarks.policy_grid import run_order
+def test_run_order_varies_what_each_configuration_follows():
+    from benchmarks.lib.runner import run_order
 
     configs = ["target", "vllm_sd", "mtad_fixed", "mtad_adaptive", "mtad_adaptive_g8"]
     orders = [run_order(configs, r) for r in range(4)]
@@ -443,17 +290,17 @@ def test_policy_grid_order_varies_what_each_configuration_follows():
 
 @pytest.mark.unit
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_a_repeats_process_ends_with_the_grids(tmp_path):
-    """A grid stopped by hand (its process killed) must not leave its repeat's process behind,
+def test_a_repeats_process_ends_with_the_benchmarks(tmp_path):
+    """A benchmark stopped by hand (its process killed) must not leave its repeat's process behind,
     holding its engines and the cores: the child asks for SIGKILL when its parent ends."""
     import time
 
     pid_file = tmp_path / "child.pid"
     script = (
         "import multiprocessing, os, sys, time\n"
-        "from benchmarks.policy_grid import _die_with_parent\n"
+        "from benchmarks.lib.runner import die_with_parent\n"
         "def child(parent, path):\n"
-        "    _die_with_parent(parent)\n"
+        "    die_with_parent(parent)\n"
         "    open(path, 'w').write(str(os.getpid()))\n"
         "    time.sleep(120)\n"
         "if __name__ == '__main__':\n"

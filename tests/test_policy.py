@@ -670,8 +670,8 @@ def test_the_no_draft_ratio_moves_a_step_at_a_time_and_ignores_stalls():
 def test_a_decision_fits_each_cost_line_once(monkeypatch):
     """choose() prices every arm with the same four lines (98 coefficient reads at W, γ ≤ 4,
     batch 48): each line is solved once and kept until its next sample (uncached, a decision
-    took 1.1-1.2 ms on the 2-core CPU, 0.13-0.20 ms cached; ``benchmarks.policy_decision``)."""
-    from benchmarks.policy_decision import fed_policy
+    took 1.1-1.2 ms on the 2-core CPU, 0.13-0.20 ms cached; ``benchmarks.kernels policy``)."""
+    from benchmarks.kernels import fed_policy
 
     costs_, stats, bounds, batch = fed_policy(16)
     assert costs_.ready(8, bounds.max_tokens)

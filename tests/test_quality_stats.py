@@ -1,4 +1,4 @@
-"""The quality benchmark's statistics (benchmarks/quality_stats.py) on known cases."""
+"""The quality benchmark's statistics (benchmarks/lib/stats.py) on known cases."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from math import comb
 
 import pytest
 
-from benchmarks.quality_stats import (bootstrap_mean, paired_bootstrap_diff, pareto_frontier,
+from benchmarks.lib.stats import (bootstrap_mean, paired_bootstrap_diff, pareto_frontier,
                                       pass_at_k)
 
 pytestmark = pytest.mark.unit

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.server import free_port, running_server, serve_command, serve_env
+from devtools.server import free_port, running_server, serve_command, serve_env
 from devtools import reference as ref
 from vllm_mtad.config import MTADConfig
 

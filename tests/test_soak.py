@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import soak
-from benchmarks.server import free_port, running_server, serve_command
+from devtools.server import free_port, running_server, serve_command
 
 pytestmark = [pytest.mark.system, pytest.mark.alone]
 

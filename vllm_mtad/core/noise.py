@@ -102,7 +102,7 @@ _compiled = None
 def _dense_kernel():
     """torch.compile'd :func:`_gumbel_dense_eager`: the ~45 integer and float operations per
     element fused into one loop (bit-identical; 18x faster than eager for [16, 4·151,936] on
-    one CPU core, benchmarks.vocab_kernels; compiled once per process, cached on disk by
+    one CPU core, benchmarks.kernels vocab; compiled once per process, cached on disk by
     inductor). Falls back to eager when compilation
     is unavailable or disabled (VLLM_MTAD_COMPILE_NOISE=0)."""
     global _compiled
