@@ -35,14 +35,15 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.lib.engines import (CONFIGS, SHIPPED, EngineSet, default_dtype, engine_of,
-                                    prepare, select_everywhere)
+from benchmarks.lib.engines import (CONFIGS, SHIPPED, EngineSet, engine_of, prepare,
+                                    select_everywhere)
 from benchmarks.lib.prompts import GREEDY, HALF, PAPER, humaneval_prompts
 from benchmarks.lib.report import RESULTS, code_commit, code_version, environment, write_outputs
-from benchmarks.lib.runner import (generate_in_batches, in_own_process, output_to,
-                                   per_request_acceptance, run_order, tail)
+from benchmarks.lib.runner import (generate_in_batches, in_own_process, per_request_acceptance,
+                                   run_order)
 from benchmarks.lib.stats import summary
-from devtools.engine import close
+from devtools.console import output_to, tail
+from devtools.engine import close, default_dtype
 from devtools.models import add_model_args, resolve_pair
 
 PRESETS = {

@@ -11,6 +11,12 @@ table reports the timed run's output tokens/s and vLLM's own mean acceptance len
 draft tokens per step + 1). MTAD runs with the settings a user gets by default, apart from the
 ones given on the command line.
 
+Equal samplers: on CPU vLLM's top-k/top-p sorts the vocabulary and MTAD's engine selects the top
+k instead, so every engine here samples by the same k-selection (VLLM_MTAD_CPU_TOPK_SELECT, the
+same tokens as vLLM's sort), and the target alone and vLLM SD are timed once more with vLLM's own
+sampler ("as shipped"); the last lines say how much of MTAD's lead the sampler makes. This is a
+demo (one timed run each); ``bash scripts/bench.sh`` measures with repeats.
+
 vLLM's own log (and the C++ warnings of its kernels) goes to a file the demo names,
 benchmarks/results/demo-vllm.log by default (``--log``); ``--verbose`` shows it on the terminal
 instead.
@@ -19,14 +25,13 @@ instead.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import sys
 import time
 from pathlib import Path
 
-from devtools.engine import (build_llm, close, counters_delta, draft_model_spec,
+from devtools.engine import (build_llm, close, counters_delta, default_dtype, draft_model_spec,
                              mean_acceptance_length, mtad_spec, spec_counters)
+from devtools.console import output_to, tail
 from devtools.models import add_model_args, resolve_pair
 
 DEFAULT_LOG = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "demo-vllm.log"
@@ -64,62 +69,62 @@ def format_prompts(tokenizer, prompts: list[str], tiny: bool) -> list[str]:
 
 
 def run_method(target, spec, prompts_text, max_tokens, tiny, kv_bytes):
+    """Build, warm up and time one method: tok/s with the k-selection, and for the target alone
+    and vLLM SD also with vLLM's own sampler (``shipped_tokens_per_s``)."""
     from vllm import SamplingParams
 
-    llm = build_llm(target, spec, dtype="float32" if tiny else "bfloat16", max_model_len=2048,
-                    max_num_seqs=len(prompts_text), block_size=None, kv_cache_bytes=kv_bytes,
-                    disable_log_stats=False)
+    from vllm_mtad.patches.worker.patch_topk_topp_sampler import use_selection
+
+    llm = build_llm(target, spec, dtype="float32" if tiny else default_dtype(),
+                    max_model_len=2048, max_num_seqs=len(prompts_text), block_size=None,
+                    kv_cache_bytes=kv_bytes, disable_log_stats=False)
     params = [SamplingParams(max_tokens=max_tokens, temperature=1.0, top_k=10, top_p=0.9,
                              seed=i, ignore_eos=tiny) for i in range(len(prompts_text))]
     warm = format_prompts(llm.get_tokenizer(), WARM_UP_PROMPTS[:len(prompts_text)], tiny)
     llm.generate(warm, params[:len(warm)], use_tqdm=False)  # untimed
     prompts = format_prompts(llm.get_tokenizer(), prompts_text, tiny)
-    before = spec_counters(llm)
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - t0
-    counters = counters_delta(spec_counters(llm), before)
+
+    def timed(select: bool):
+        llm.collective_rpc(use_selection, args=(select,))
+        before = spec_counters(llm)
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - t0
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        return outs, tokens, seconds, counters_delta(spec_counters(llm), before)
+
+    outs, tokens, seconds, counters = timed(True)
+    shipped = None
+    if not (spec or {}).get("method") == "mtad":  # MTAD's engine selects with either setting
+        _, s_tokens, s_seconds, _ = timed(False)
+        shipped = s_tokens / s_seconds
     close(llm)
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "shipped_tokens_per_s": shipped,
             "mean_acceptance_length": mean_acceptance_length(counters),
             "sample": outs[0].outputs[0].text}
 
 
-@contextlib.contextmanager
-def output_to(log: Path | None):
-    """Yield a text stream on the terminal's stdout; while inside, everything else this process
-    and its children write to file descriptors 1 and 2 (vLLM's logger, tqdm, C++ warnings)
-    goes to ``log``, appended. ``log=None`` changes nothing."""
-    if log is None:
-        yield sys.stdout
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    terminal = os.fdopen(os.dup(saved[0]), "w", buffering=1)
-    try:
-        os.dup2(target, 1)
-        os.dup2(target, 2)
-        yield terminal
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, target):
-            os.close(fd)
-        terminal.close()
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+def sampler_share(rows: dict) -> str | None:
+    """One line: MTAD's lead over vLLM SD on equal samplers and as shipped, and the share of
+    the latter that the sampler makes. ``rows``: name -> run_method's result."""
+    mtad, sd = rows.get("mtad"), rows.get("sd")
+    if not (mtad and sd and sd["shipped_tokens_per_s"]):
+        return None
+    equal = mtad["tokens_per_s"] / sd["tokens_per_s"]
+    shipped = mtad["tokens_per_s"] / sd["shipped_tokens_per_s"]
+    line = (f"MTAD runs {equal:.2f}x vLLM SD on equal samplers, {shipped:.2f}x vLLM SD with "
+            "vLLM's own sampler")
+    if shipped > 1 and shipped > equal:
+        line += (f": the sampler makes {(shipped - equal) / (shipped - 1):.0%} of that "
+                 f"{shipped - 1:.2f} lead on this machine, the method the rest")
+    return line + "."
 
 
 def main(argv: list[str] | None = None) -> None:
-    # Engines in this process (a quicker start).
+    # Engines in this process (a quicker start); every engine's top-k/top-p by k-selection.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ["VLLM_MTAD_CPU_TOPK_SELECT"] = "1"
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(parser)
@@ -162,11 +167,24 @@ def main(argv: list[str] | None = None) -> None:
                 raise
             print(f"done in {time.perf_counter() - t0:.0f} s", file=terminal)
 
-    print("\n| method | output tokens | tokens/s | mean acceptance length |")
-    print("|---|---|---|---|")
+    print("\n| method | output tokens | tok/s, equal samplers | tok/s, vLLM's own sampler "
+          "| mean acceptance length |")
+    print("|---|---|---|---|---|")
     for name, r in rows:
         mal = f"{r['mean_acceptance_length']:.2f}" if r["mean_acceptance_length"] else "—"
-        print(f"| {name} | {r['tokens']} | {r['tokens_per_s']:.1f} | {mal} |")
+        shipped = (f"{r['shipped_tokens_per_s']:.1f}" if r["shipped_tokens_per_s"]
+                   else "(selects either way)")
+        print(f"| {name} | {r['tokens']} | {r['tokens_per_s']:.1f} | {shipped} | {mal} |")
+    by_kind = {("mtad" if name.startswith("MTAD") else "sd" if name.startswith("vLLM") else
+                "target"): r for name, r in rows}
+    line = sampler_share(by_kind)
+    if line:
+        print("\n" + line)
+    target = by_kind.get("target")
+    if target and target["shipped_tokens_per_s"]:
+        print(f"The sampler alone: the target alone runs {target['tokens_per_s']:.1f} tok/s with "
+              f"the k-selection, {target['shipped_tokens_per_s']:.1f} with vLLM's sort "
+              f"({target['tokens_per_s'] / target['shipped_tokens_per_s']:.2f}x).")
     print(f"\nFirst prompt: {PROMPTS[0]!r}")
     for name, r in rows:
         print(f"--- {name}:\n{r['sample'].strip()[:400]}")

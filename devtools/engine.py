@@ -41,6 +41,34 @@ def draft_model_spec(draft, gamma: int = 4, **extra) -> dict:
             "draft_sample_method": "probabilistic"} | extra
 
 
+# The CPU features that decide the speed of vLLM's CPU kernels (bf16 matmuls, attention).
+CPU_FLAGS_OF_INTEREST = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
+                         "avx512_vnni", "avx512_fp16", "amx_bf16", "amx_int8", "amx_tile")
+
+
+def cpu_model_and_flags() -> dict:
+    """{"cpu_model", "cpu_flags"} from /proc/cpuinfo (Linux); empty elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            info = fh.read()
+    except OSError:
+        return {}
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                  if line.startswith("model name")), "unknown")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines()
+                  if line.startswith("flags")), [])
+    return {"cpu_model": model, "cpu_flags": [f for f in CPU_FLAGS_OF_INTEREST if f in flags]}
+
+
+def default_dtype(cpu_flags: list[str] | None = None) -> str:
+    """The real pair's dtype on this CPU: bfloat16 where the CPU multiplies it natively (AVX-512
+    BF16 or AMX), float32 elsewhere. On an AMD EPYC with AVX2 only, the real target alone ran
+    5.5 tok/s at batch 16 in bfloat16 and 22.3 in float32 (4.4 and 3.0 at batch 1)."""
+    if cpu_flags is None:
+        cpu_flags = cpu_model_and_flags().get("cpu_flags", [])
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(cpu_flags) else "float32"
+
+
 def engine_kwargs(target, speculative_config: dict | None = None, *, kv_cache_bytes: int,
                   dtype: str = "float32", max_model_len: int = 1024, max_num_seqs: int = 8,
                   block_size: int | None = 32, enforce_eager: bool = True, seed: int = 0,

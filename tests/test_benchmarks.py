@@ -118,16 +118,24 @@ def test_phases_draft_view_quick(tmp_path):
 
 @pytest.mark.system
 def test_demo_tiny(tmp_path):
-    """The demo prints its progress and one table; vLLM's own log goes to the file it names."""
+    """The demo prints its progress and one table (tok/s on equal samplers, and with vLLM's own
+    sampler for the target alone and vLLM SD), the line on the sampler's share of MTAD's lead;
+    vLLM's own log goes to the file it names."""
     log = tmp_path / "demo-vllm.log"
     out, err = run_module(["devtools.demo", "--tiny", "--max-tokens", "16", "--log", str(log)],
                           tmp_path, with_stderr=True)
     table = [line for line in out.splitlines() if line.startswith("| ")]
     assert table[0].startswith("| method |") and len(table) == 4  # header + 3 methods
-    mtad_row = table[-1].split("|")
+    target_row, sd_row, mtad_row = (row.split("|") for row in table[1:])
+    for row in (target_row, sd_row):  # both samplers timed
+        assert float(row[3]) > 0 and float(row[4]) > 0
+    assert "selects either way" in mtad_row[4]
     # (The adaptive default may skip drafting for the whole run: no acceptance figure, "—".)
-    assert "MTAD" in mtad_row[1] and (mtad_row[4].strip() == "—"
-                                      or 1 <= float(mtad_row[4]) <= 5)
+    assert "MTAD" in mtad_row[1] and (mtad_row[5].strip() == "—"
+                                      or 1 <= float(mtad_row[5]) <= 5)
+    shares = [line for line in out.splitlines() if line.startswith("MTAD runs ")]
+    assert len(shares) == 1 and "x vLLM SD on equal samplers" in shares[0]
+    assert "The sampler alone: the target alone runs" in out
     assert f"vLLM's log: {log}" in out
     assert sum(line.startswith("[") and "done in" in line for line in out.splitlines()) == 3
     assert "vllm-mtad: MTAD enabled with" in log.read_text()  # vLLM's log is in the file...
@@ -325,3 +333,19 @@ def test_a_repeats_process_ends_with_the_benchmarks(tmp_path):
     while alive() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(), f"the child {pid} outlived its parent"
+
+
+@pytest.mark.unit
+def test_demo_says_how_much_of_the_lead_is_the_sampler():
+    from devtools.demo import sampler_share
+
+    def r(equal, shipped=None):
+        return {"tokens_per_s": equal, "shipped_tokens_per_s": shipped}
+
+    line = sampler_share({"mtad": r(10.5), "sd": r(10.0, 6.0)})
+    # 1.05x on equal samplers, 1.75x as shipped: the sampler makes 0.70 of the 0.75 lead.
+    assert line == ("MTAD runs 1.05x vLLM SD on equal samplers, 1.75x vLLM SD with vLLM's own "
+                    "sampler: the sampler makes 93% of that 0.75 lead on this machine, the "
+                    "method the rest.")
+    assert sampler_share({"mtad": r(9.0), "sd": r(10.0, 10.0)}).endswith("own sampler.")
+    assert sampler_share({"mtad": r(9.0), "sd": r(10.0)}) is None

@@ -71,3 +71,39 @@ def test_slug_matches_github():
         "expand-kernel-stand-in-temperature--0-on-cpu"
     assert slug("Tensor parallel on CPU needs VLLM_CPU_OMP_THREADS_BIND") == \
         "tensor-parallel-on-cpu-needs-vllm_cpu_omp_threads_bind"
+
+
+def tables(markdown: str) -> list[list[str]]:
+    """The Markdown tables of a text outside code blocks, each as its lines."""
+    text = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    out, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            out.append(current)
+            current = []
+    return [t for t in out if len(t) > 1 and set(t[1].replace("|", "").strip()) <= set("-: ")]
+
+
+def is_speed_table(table: list[str]) -> bool:
+    """A table of speed: tokens/s or speed ratios in its header, or tok/s figures in its cells."""
+    header = table[0].lower()
+    return ("tok/s" in header or "/ sd" in header or "/ target" in header
+            or any(re.search(r"\d x\b|\d\.\d+x\b", row) for row in table[2:]))
+
+
+def test_readme_stays_short_with_one_speed_table():
+    """The README is what a user reads in five minutes: at most 300 lines and one speed table
+    (results go to benchmarks/reports/ and docs/, not back into the README)."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300, len(readme.splitlines())
+    speed = [t[0] for t in tables(readme) if is_speed_table(t)]
+    assert len(speed) <= 1, speed
+
+
+def test_speed_table_detection():
+    two = "| a | tok/s |\n|---|---|\n| x | 1 |\n\ntext\n\n| c | d |\n|---|---|\n| y | 1.31x |\n"
+    assert [is_speed_table(t) for t in tables(two)] == [True, True]
+    assert not any(is_speed_table(t) for t in tables("| key | default |\n|---|---|\n| W | 4 |\n"))
+    assert tables("```\n| a |\n|---|\n```\n") == []

@@ -97,7 +97,7 @@ def test_acceptance_stats_prior_and_measured():
 
 
 def test_a_width_not_drafted_forgets_a_figure_from_long_ago():
-    """The history case (benchmarks/reports/README.md, history-b4-then-b1): four beams measured
+    """The history case (docs/results-history.md, history-b4-then-b1): four beams measured
     on 8 early drafts that did badly, then only one beam drafted (1,000 drafts). Four beams'
     figure is the pooled one again, not the early drafts'."""
     s = AcceptanceStats(beam_width=4, max_tokens=4)
@@ -478,7 +478,7 @@ def test_prompts_arriving_one_by_one_are_priced_as_a_rate_not_per_arrival():
 
 
 def test_switching_to_drafting_pays_the_prompts_the_batch_never_read():
-    # A step of the real pair at T=1, batch 16 queued (benchmarks/reports/policy-probe-cpu,
+    # A step of the real pair at T=1, batch 16 queued (policy-probe-cpu at 97a6346 (docs/results-history.md),
     # trace_b16_t48_target-adaptive_n48.json): the batch had not drafted for a while, and
     # its rows owed the draft 1,613 tokens, ~1,460 of them the prompts of requests that
     # arrived meanwhile. The lines and acceptance approximate the policy's at that point

@@ -62,7 +62,7 @@ class MTADRejectionSampler(RejectionSampler):
             # step): one token per request, as vLLM's non-speculative path samples it, by the
             # bonus token's sampler (its top-k/top-p by k-selection on CPU: the same tokens).
             # vLLM's own sort took 0.2 s of a 0.53 s step at batch 48, T=1, in an engine
-            # drafting nothing (benchmarks/reports/policy-probe-cpu/probe6-b48-eceb5f1).
+            # drafting nothing (policy-probe-cpu/probe6-b48-eceb5f1 at 97a6346, docs/results-history.md).
             # (Going on would hand vLLM's apply_top_k_only an empty tensor, which fails when a
             # request uses top-k without top-p.)
             return self.bonus_sampler(logits=logits[metadata.bonus_logits_indices],

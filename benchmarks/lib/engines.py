@@ -105,13 +105,6 @@ def weights_bytes(model_dir: str, dtype: str) -> int:
     return stored * size.get(dtype, 4) // size.get(stored_dtype, 4)
 
 
-def default_dtype(cpu_flags: list[str]) -> str:
-    """bfloat16 where the CPU multiplies it natively (AVX-512 BF16 or AMX), float32 elsewhere:
-    on an AMD EPYC with AVX2 only, the real target alone ran 5.5 tok/s at batch 16 in bfloat16
-    and 22.3 in float32 (4.4 and 3.0 at batch 1). On a GPU vLLM picks its own."""
-    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(cpu_flags) else "float32"
-
-
 def prepare(llm, config: str, gamma: int) -> None:
     """Set ``llm`` up for a run of ``config``: the sampler (vLLM's own for ``... as
     shipped``, the selection otherwise) and, on the MTAD engine, what the policy may choose."""

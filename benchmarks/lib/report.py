@@ -11,26 +11,9 @@ import platform
 import time
 from pathlib import Path
 
+from devtools.engine import cpu_model_and_flags
+
 RESULTS = Path(__file__).resolve().parents[1] / "results"  # benchmarks/results/, ignored by git
-
-
-# The CPU features that decide the speed of vLLM's CPU kernels (bf16 matmuls, attention).
-CPU_FLAGS_OF_INTEREST = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
-                         "avx512_vnni", "avx512_fp16", "amx_bf16", "amx_int8", "amx_tile")
-
-
-def cpu_model_and_flags() -> dict:
-    """{"cpu_model", "cpu_flags"} from /proc/cpuinfo (Linux); empty elsewhere."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            info = fh.read()
-    except OSError:
-        return {}
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines()
-                  if line.startswith("model name")), "unknown")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines()
-                  if line.startswith("flags")), [])
-    return {"cpu_model": model, "cpu_flags": [f for f in CPU_FLAGS_OF_INTEREST if f in flags]}
 
 
 def environment() -> dict:

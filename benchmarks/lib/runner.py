@@ -1,5 +1,5 @@
-"""The runner: how a benchmark feeds an engine, orders its configurations, keeps vLLM's log
-off the terminal and runs a repeat in a process of its own.
+"""The runner: how a benchmark feeds an engine, orders its configurations and runs a repeat in a
+process of its own (vLLM's log is kept off the terminal by devtools.console.output_to).
 
 Every speed program warms each engine up on other prompts before timing, interleaves the
 configurations (:func:`run_order`) and repeats them; the report gives the median and [min, max]
@@ -8,10 +8,7 @@ of the repeats (benchmarks.lib.stats.summary).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
-from pathlib import Path
 
 
 def generate_in_batches(llm, prompts: list, params: list, batch: int) -> list:
@@ -69,39 +66,6 @@ def run_order(configs: list, repeat: int) -> list:
         order = order[::-1]
         order = order[1:] + order[:1]
     return order
-
-
-@contextlib.contextmanager
-def output_to(log: Path | None):
-    """Yield a text stream on the terminal's stdout; while inside, everything else this process
-    and its children write to file descriptors 1 and 2 (vLLM's logger, tqdm, C++ warnings)
-    goes to ``log``, appended. ``log=None`` changes nothing."""
-    if log is None:
-        yield sys.stdout
-        return
-    Path(log).parent.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    terminal = os.fdopen(os.dup(saved[0]), "w", buffering=1)
-    try:
-        os.dup2(target, 1)
-        os.dup2(target, 2)
-        yield terminal
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, target):
-            os.close(fd)
-        terminal.close()
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    """The last ``lines`` lines of a log, for an error message."""
-    return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
 
 
 def in_own_process(work, args: tuple, progress, what: str):

@@ -22,7 +22,7 @@ each of S steps, a new request arrives every S/B steps, and drafting for the bat
 every one of them read. Charged at each arrival against the whole batch's gain over the
 arrival's own S steps, every step's gain was counted once for each of the B arrivals it
 overlaps, and reading prompts was underpriced B-fold. (Measured on the real pair at T=0
-"joint", batch 4, 12 requests of 48 tokens, benchmarks/reports/policy-probe-cpu: the decode
+"joint", batch 4, 12 requests of 48 tokens, policy-probe-cpu at 97a6346 (docs/results-history.md): the decode
 steps with W=1, γ=4 drafts produced what the target's did per second, so the draft's reading
 of the prompts, 2.7 s of the run, was the whole difference: the target alone 24.1 and 26.0
 tok/s, drafting 21.0 and 20.6; the policy had priced those decode steps 17 % ahead.)
@@ -34,7 +34,7 @@ which a drafting run read as they arrived and a run without drafting never read.
 to drafting pays them at once, in full. (Priced by the rate, a batch of 16 that had not
 drafted for a while was priced 2 % faster drafting W=4, γ=1, and the step that switched read
 1,613 tokens, 3.8 s of catch-up, 5 % of the run: real pair, T=1, batch 16 queued, trace in
-benchmarks/reports/policy-probe-cpu.) The prompt tokens of a request whose prompt is being
+policy-probe-cpu at 97a6346 (docs/results-history.md).) The prompt tokens of a request whose prompt is being
 read in this very step (an arrival) are the rate's, in a catch-up (its prefix-cache hit
 after steps without drafting) as in the prefill chunk.
 
@@ -212,7 +212,7 @@ class AcceptanceStats:
     (the widths' pooled figure) instead of keeping an old one for the engine's life. (Aging by
     the width's own drafts kept the figure of four beams measured on the first requests'
     openings, 2.78 of 4 tokens where whole requests give 3.58, through every later batch size:
-    real pair, history-b4-then-b1 in benchmarks/reports/README.md.) Not by drafts of other
+    real pair, history-b4-then-b1 in docs/results-history.md.) Not by drafts of other
     lengths: a length's counts age only while drafts measure it anew, since its prior (the
     shorter length's estimate, times ``prior_rate`` at its last position) reads lower than a
     good draft does. (Aged by every draft, 200 four-token drafts at 0.85 a position, 2.70
@@ -672,7 +672,7 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
       the acceptance estimates: the arm that may be the best and is measured least (where none
       may be better, the cycle's next arm). With the cycle alone, after batch 4 had measured
       four beams on a few unlucky drafts, batch 1 explored them twice in ~160 steps and kept
-      drafting one beam (real pair, history-b4-then-b1 in benchmarks/reports/README.md); the
+      drafting one beam (real pair, history-b4-then-b1 in docs/results-history.md); the
       widths' counts now age with every width's drafts of their length (AcceptanceStats), so
       such a figure fades and its arm's bound grows until it is tried again.
 
