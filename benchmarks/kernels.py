@@ -18,6 +18,7 @@ import sys
 import time
 
 from benchmarks.lib.report import environment, markdown_table, write_outputs
+from devtools.engine import cpu_model_and_flags
 
 VOCAB_DOC = """The vocabulary-wide kernels of one MTAD draft step, timed side by side at real sizes.
 
@@ -132,7 +133,7 @@ def vocab_main(argv=None):
                                   ("ms", "ms per call")])
     import platform
 
-    env = {"torch": torch.__version__, "device": str(device),
+    env = {**cpu_model_and_flags(), "torch": torch.__version__, "device": str(device),
            "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
            "machine": platform.machine(), "threads": torch.get_num_threads()}
     out = write_outputs("vocab_kernels", {"benchmark": "vocab_kernels", "vocab_size": V,

@@ -24,7 +24,8 @@ from benchmarks.lib.engines import select_everywhere  # noqa: E402
 from benchmarks.lib.prompts import GREEDY, PAPER, humaneval_prompts  # noqa: E402
 from benchmarks.lib.report import environment, markdown_table, write_outputs  # noqa: E402
 from benchmarks.lib.runner import generate_in_batches  # noqa: E402
-from devtools.engine import build_llm, close, draft_model_spec, mtad_spec  # noqa: E402
+from devtools.engine import (build_llm, close, default_dtype, draft_model_spec,  # noqa: E402
+                             mtad_spec)
 from devtools.models import add_model_args, resolve_pair  # noqa: E402
 
 STEP_DOC = """Where one speculative step's time goes: vLLM's speculative decoding against MTAD, per phase.
@@ -91,7 +92,7 @@ def step_main(argv=None) -> None:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--mtad-first", action="store_true",
                     help="build the MTAD engine first (does the build order matter?)")
-    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
     args = ap.parse_args(argv)
 
     from vllm import SamplingParams
@@ -100,7 +101,7 @@ def step_main(argv=None) -> None:
 
     target, draft, tiny = resolve_pair(args)
     _, sampling, mode = next(c for c in CELLS if c[0] == args.cell)
-    common = dict(dtype="float32" if tiny else "bfloat16", max_model_len=2048,
+    common = dict(dtype="float32" if tiny else default_dtype(), max_model_len=2048,
                   max_num_seqs=max(args.batch, 1), max_num_batched_tokens=4096, block_size=32,
                   kv_cache_bytes=(256 << 20) if tiny else (640 << 20),
                   enable_prefix_caching=False)  # repeats reuse their prompts

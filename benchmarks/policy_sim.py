@@ -108,7 +108,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--label", default="", help="a name for the code measured (the table's)")
-    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
     args = ap.parse_args(argv)
     rows = []
     for scenario in SCENARIOS:

@@ -1,7 +1,7 @@
 """Speed across batch sizes and temperatures: the target alone, vLLM's speculative decoding and
 MTAD, side by side in one run, on equal samplers.
 
-    python -m benchmarks.speed                      # the verdict for this machine (≤ 15 min here)
+    python -m benchmarks.speed                      # the verdict for this machine
     python -m benchmarks.speed --target DIR --draft DIR     # your own pair
     python -m benchmarks.speed --preset grid        # the long grid (batch 1-48, every MTAD form)
     python -m benchmarks.speed --tiny --tokens 8    # a minute, on a tiny random pair (tests)
@@ -15,14 +15,21 @@ tokens as vLLM's sort); with ``--sampler both`` the target alone and vLLM SD als
 vLLM's own sampler at T=1 ("as shipped"), on the same engines, so that both ratios come from
 one run and the sampler's own share is measured (target alone selecting / as shipped).
 
-Method: one engine per configuration family, built once (``--instances run``; ``repeat``
-builds every repeat's engines afresh in a process of its own: two engines of one model differ by
-up to ~10 %, which one instance per configuration carries into every repeat); every
-configuration warmed up on other prompts at each (cell, batch) before timing; the configurations
-interleaved (benchmarks.lib.runner.run_order) and repeated ``--repeats`` times; each run
-generates ``--tokens`` tokens (ignore_eos) for HumanEval prompts, ``batch`` at a time, at least
-``--min-prompts`` prompts. Reported: median output tokens/s with [min, max], mean acceptance
-length (tokens per target pass, the extra token included), MTAD's policy choices, the ratios.
+Method: the engines (the target alone, vLLM SD, MTAD: one per family, every configuration of
+a family on its engine) live in this process for the whole run where they fit in memory
+(``--instances run``); where they do not (three float32 engines of the real pair), every repeat
+runs each family in a process of its own, in an order turned round from one repeat to the next
+(``family``; one warm-up run per engine and (cell, batch), on other prompts, with half the
+tokens); ``repeat`` builds every repeat's engines afresh in a process of their own (two engines
+of one model differ by up to ~10 %, which one instance per configuration carries into every
+repeat). ``auto`` (the verdict's) picks ``run`` or ``family`` by the memory available. With
+``run`` and ``repeat`` every configuration is warmed up on other prompts at each (cell, batch).
+The configurations are interleaved (benchmarks.lib.runner.run_order) and repeated ``--repeats``
+times; each run generates ``--tokens`` tokens (ignore_eos) for HumanEval prompts, ``batch`` at
+a time, at least ``--min-prompts`` prompts. The real pair runs in bfloat16 where the CPU has
+AVX-512 BF16 or AMX, in float32 elsewhere (``--dtype``). Reported: median output tokens/s with
+[min, max], mean acceptance length (tokens per target pass, the extra token included), MTAD's
+policy choices, the ratios, and per run how many sampling calls took the k-selection.
 Output in --out (default benchmarks/results/speed/): speed.json (machine, CPU model and flags,
 code version, every run), speed.md (the table), speed.png; vLLM's log in --log.
 """
@@ -36,7 +43,7 @@ import time
 from pathlib import Path
 
 from benchmarks.lib.engines import (CONFIGS, SHIPPED, EngineSet, engine_of, prepare,
-                                    select_everywhere)
+                                    select_everywhere, selection_counts)
 from benchmarks.lib.prompts import GREEDY, HALF, PAPER, humaneval_prompts
 from benchmarks.lib.report import RESULTS, code_commit, code_version, environment, write_outputs
 from benchmarks.lib.runner import (generate_in_batches, in_own_process, per_request_acceptance,
@@ -80,7 +87,7 @@ def run_one(llm, config: str, cell: str, batch: int, prompts: list, tokens: int,
 
     from vllm_mtad.proposer import drafter_stats
 
-    prepare(llm, config, gamma)
+    selection0 = prepare(llm, config, gamma)
     mode = config.split(" ")[1] if engine_of(config) == "mtad" and " " in config else None
     extra = {"greedy_acceptance": mode} if mode in ("joint", "exact") else None
     params = [SamplingParams(max_tokens=tokens, ignore_eos=True, seed=seed + i, **CELLS[cell],
@@ -96,8 +103,10 @@ def run_one(llm, config: str, cell: str, batch: int, prompts: list, tokens: int,
     if is_mtad:
         now = llm.collective_rpc(drafter_stats)[0]["policy_chosen"]
         chosen = {k: v - chosen0.get(k, 0) for k, v in now.items() if v - chosen0.get(k, 0)}
+    selection = {k: v - selection0[k] for k, v in selection_counts(llm).items()}
     return {"tokens": out_tokens, "seconds": seconds, "tok_s": out_tokens / seconds,
-            "acceptance": 1 + accepted / drafts if drafts else None, "chosen": chosen}
+            "acceptance": 1 + accepted / drafts if drafts else None, "chosen": chosen,
+            "selection": selection}
 
 
 def repeat(report, engines: dict | None, spec: EngineSet, cell: str, batch: int, r: int,

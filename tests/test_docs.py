@@ -107,3 +107,19 @@ def test_speed_table_detection():
     assert [is_speed_table(t) for t in tables(two)] == [True, True]
     assert not any(is_speed_table(t) for t in tables("| key | default |\n|---|---|\n| W | 4 |\n"))
     assert tables("```\n| a |\n|---|\n```\n") == []
+
+
+def test_every_relative_link_resolves():
+    """Links in the README, docs/ and the reports' pages to files of this repository (relative,
+    with or without a folder) name files that exist: a report moved or removed cannot leave a
+    dangling link behind."""
+    pages = [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("benchmarks/reports/**/*.md")]
+    bad = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)", text):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            if not (page.parent / target).exists():
+                bad.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not bad, "\n".join(bad)

@@ -16,13 +16,16 @@ pytestmark = pytest.mark.engine
 
 
 @pytest.mark.parametrize("method", ["target alone", "vLLM SD"])
-def test_selection_draws_the_tokens_vllms_sort_draws(tiny_pair_dirs, method):
+def test_selection_draws_the_tokens_vllms_sort_draws(tiny_pair_dirs, method, monkeypatch):
     from vllm.platforms import current_platform
 
     from vllm_mtad.patches.worker.patch_topk_topp_sampler import use_selection
 
     if not current_platform.is_cpu():
         pytest.skip("the switch exists on CPU only (vLLM sorts nowhere else)")
+    # The switch lives in this process's environment (the engine runs here): whatever happens,
+    # the test leaves it as it found it, so no later test's "vLLM's own sampler" selects.
+    monkeypatch.setenv("VLLM_MTAD_CPU_TOPK_SELECT", "0")
     target_dir, draft_dir = tiny_pair_dirs
     spec = None if method == "target alone" else draft_model_spec(draft_dir, gamma=4)
     sampling = [params(24, 1.0, seed=31 + i, top_k=10, top_p=0.9) for i in range(4)]

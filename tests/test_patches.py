@@ -96,3 +96,42 @@ print(json.dumps({"groups": sorted(applied_groups()),
                   if m not in allowed and not m.startswith(("vllm_mtad.patches.platform.",
                                                             "vllm_mtad.patches.engine."))]
     assert not unexpected, unexpected
+
+
+def test_opt_in_topk_topp_selection_masks_what_vllms_sort_masks(monkeypatch):
+    """patches/worker/patch_topk_topp_sampler.py's wrapper against vLLM's own PyTorch
+    top-k/top-p, on random float32 rows: off, it is vLLM's function; on, the same masked
+    logits (kept set and kept values) by a k-selection, and vLLM's own function where a row has
+    no top-k (counted as a fallback) or only top-k is asked (vLLM's own selection)."""
+    import torch
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    from vllm_mtad.patches.worker import patch_topk_topp_sampler as sel
+
+    def vllm(logits, k, p):
+        return apply_top_k_top_p_pytorch(logits.clone(), k, p, allow_cpu_sync=True)
+
+    wrapped = sel.selecting(vllm)
+    gen = torch.Generator().manual_seed(0)
+    R, V = 64, 4096
+    logits = torch.randn(R, V, generator=gen) * 3
+    k = torch.randint(1, 60, (R,), generator=gen)
+    p = torch.rand(R, generator=gen) * 0.6 + 0.4
+    p[::7] = 1.0  # top-p off in some rows
+    monkeypatch.setenv("VLLM_MTAD_CPU_TOPK_SELECT", "0")
+    before = dict(sel.COUNTS)
+    assert torch.equal(wrapped(logits.clone(), k, p), vllm(logits, k, p))
+    assert sel.COUNTS == before  # off: vLLM's own call, nothing counted
+    monkeypatch.setenv("VLLM_MTAD_CPU_TOPK_SELECT", "1")
+    got, want = wrapped(logits.clone(), k, p), vllm(logits, k, p)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))  # the same kept set...
+    assert torch.equal(got[~torch.isinf(got)], want[~torch.isinf(want)])  # ...and values
+    assert sel.COUNTS["selected"] == before["selected"] + 1
+    # A row without top-k (k = V, as vLLM marks it): vLLM's sort, counted as a fallback.
+    k_none = k.clone()
+    k_none[3] = V
+    assert torch.equal(wrapped(logits.clone(), k_none, p), vllm(logits, k_none, p))
+    assert sel.COUNTS["fallbacks"] == before["fallbacks"] + 1
+    # Top-k only: vLLM's own (sort-free) path, not counted.
+    assert torch.equal(wrapped(logits.clone(), k, None), vllm(logits, k, None))
+    assert sel.COUNTS["selected"] == before["selected"] + 1

@@ -402,7 +402,7 @@ def test_the_drafts_reading_of_prompts_is_priced_per_output_token():
     stats = stats_with({1: 0.8, 4: 0.8}, cls="exact")
     real = costs(verify=(0.068, 0.0034), first=(0.03, 0.0009), beam=(0.025, 0.0016),
                  rest=(0.001, 0.0))
-    rows = dict(prompt_tokens=[150] * 16, max_tokens=[48] * 16)  # as benchmarks/policy_grid.py
+    rows = dict(prompt_tokens=[150] * 16, max_tokens=[48] * 16)  # as the policy grid (benchmarks.speed --preset grid)
     decode = Batch.from_step(["exact"] * 16, scheduled_tokens=80, verified_drafts=64,
                              tokens_left=[40] * 16, **rows)
     prefill = Batch.from_step(["exact"] * 16, scheduled_tokens=2400, verified_drafts=0,

@@ -5,7 +5,7 @@ installed vLLM and the platform it runs on against the supported (series, platfo
 (refusing to start on any other: a CPU build of a CUDA-only series is refused), then applies the
 platform and engine patches; the worker patches follow when the process builds a vLLM worker
 (see ``patches/__init__.py``). Each is inert for engines that do not use MTAD, except the named
-fixes of vLLM bugs.
+fixes of vLLM bugs and the opt-in top-k/top-p selection (VLLM_MTAD_CPU_TOPK_SELECT=1).
 """
 
 from __future__ import annotations

@@ -267,7 +267,7 @@ class SelectingTopKTopP(torch.nn.Module):
     Why: on CPU vLLM sorts each row's V logits whenever a request uses top-p (its
     apply_top_k_top_p without Triton): 10 ms a row of the real pair's 151,936 tokens on the
     project's 2-core CPU, where a k-selection takes 0.16 ms (measured), and MTAD's sampler
-    spent 9.9 ms of a 231 ms batch-1 step drawing one bonus token (benchmarks/step_phases.py,
+    spent 9.9 ms of a 231 ms batch-1 step drawing one bonus token (benchmarks.phases step,
     T=1). The masks agree but for the order among tokens with equal logits at the top-p
     boundary (vLLM's sort is unstable there; this one is the stable order of
     processed_logprobs) and float rounding of the normaliser: tests/test_glue_units.py

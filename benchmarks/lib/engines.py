@@ -105,21 +105,32 @@ def weights_bytes(model_dir: str, dtype: str) -> int:
     return stored * size.get(dtype, 4) // size.get(stored_dtype, 4)
 
 
-def prepare(llm, config: str, gamma: int) -> None:
+def prepare(llm, config: str, gamma: int) -> dict:
     """Set ``llm`` up for a run of ``config``: the sampler (vLLM's own for ``... as
-    shipped``, the selection otherwise) and, on the MTAD engine, what the policy may choose."""
+    shipped``, the selection otherwise) and, on the MTAD engine, what the policy may choose.
+    Returns the selection's counts so far (see :func:`selection_counts`)."""
     from vllm_mtad.patches.worker.patch_topk_topp_sampler import use_selection
 
-    llm.collective_rpc(use_selection, args=(not config.endswith(SHIPPED),))
+    counts = llm.collective_rpc(use_selection, args=(not config.endswith(SHIPPED),))[0]
     base = config.removesuffix(SHIPPED).split(" ")[0]
     if engine_of(config) == "mtad":
         from vllm_mtad.speculation import force_plans, limit_plans
 
         llm.collective_rpc(force_plans([(4, gamma)] if base == "mtad_fixed" else None))
         llm.collective_rpc(limit_plans(None if base == "mtad_g8" else gamma))
+    return counts
+
+
+def selection_counts(llm) -> dict:
+    """{"selected", "fallbacks"}: the sampling calls of ``llm``'s worker that took the
+    k-selection, and those that went to vLLM's sort with the switch on (for the record: a run
+    on equal samplers that fell back is not on equal samplers)."""
+    from vllm_mtad.patches.worker.patch_topk_topp_sampler import counts
+
+    return llm.collective_rpc(counts)[0]
 
 
 def select_everywhere() -> None:
-    """The equal-sampler switch for engines this process builds from now on (and for worker
-    processes it starts: they inherit the environment)."""
+    """The equal-sampler switch, on, for this process's engines (read at every sampling call)
+    and for worker processes it starts from now on (they inherit the environment)."""
     os.environ["VLLM_MTAD_CPU_TOPK_SELECT"] = "1"

@@ -1,6 +1,5 @@
-"""Records, tables and plots: the machine and code a result came from, the output files (JSON for
-machines, Markdown for people, in benchmarks/results/ unless told otherwise), vLLM's log kept
-out of the terminal, and the in-process run helpers."""
+"""Records and tables: the machine and code a result came from, and the output files (JSON for
+machines, Markdown for people, in benchmarks/results/ unless told otherwise)."""
 
 from __future__ import annotations
 
@@ -39,7 +38,8 @@ def code_commit() -> str:
 
 def code_version(paths=("vllm_mtad", "patches", "devtools/engine.py", "devtools/models.py",
                         "setup.py", "benchmarks/lib/engines.py", "benchmarks/lib/runner.py",
-                        "benchmarks/lib/report.py", "benchmarks/speed.py")) -> str:
+                        "benchmarks/lib/report.py", "benchmarks/lib/prompts.py",
+                        "benchmarks/lib/stats.py", "benchmarks/speed.py")) -> str:
     """A hash of the code that makes a benchmark's numbers: ``paths`` (folders and files of
     this checkout) as committed, and any uncommitted change to them ("unknown" outside a git
     checkout). Unlike the commit it stays the same when only reports or documents are

@@ -15,8 +15,10 @@ Why: on CPU vLLM sorts each row's whole vocabulary whenever a request uses top-p
     sort (Triton, FlashInfer), so the switch is also the GPU-like baseline.
 How: wraps the function. With VLLM_MTAD_CPU_TOPK_SELECT=1 (read at every call) and every row
     with an active top-k, the mask comes from vllm_mtad.core.mask_top_k_top_p (the same kept set
-    and kept values, so the same tokens drawn); otherwise, or where a row's ties at its k-th
-    value reach past the candidates, vLLM's own function runs. SELECTED and FALLBACKS count the
+    and kept values, so the same tokens drawn, up to float rounding of the top-p sum at its
+    boundary, normalised over the candidates instead of the vocabulary); otherwise (a row
+    without top-k, such as a greedy request's row in a mixed batch, or ties at a row's k-th
+    value reaching past the candidates) vLLM's own function runs. SELECTED and FALLBACKS count the
     calls that took each way (host counters, for tests and benchmarks).
 Upstream: none filed (no network here); vLLM's rejection_sampler.py notes the cost itself
     ("`apply_top_k_top_p` uses sorting to calculate the mask, which is slow for large vocab
@@ -79,6 +81,11 @@ def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
+
+
+def counts(worker=None) -> dict:
+    """For ``LLM.collective_rpc(counts)``: the worker's counts so far."""
+    return dict(COUNTS)
 
 
 def use_selection(worker, on: bool) -> dict:
