@@ -13,7 +13,8 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).parent.parent
 SOURCES = [p for pattern in ("vllm_mtad/**/*.py", "patches/**/*.py", "devtools/*.py",
-                             "benchmarks/*.py", "tests/*.py", "scripts/*.sh", "*.md", "docs/*.md")
+                             "benchmarks/*.py", "benchmarks/lib/*.py", "tests/*.py",
+                             "scripts/*.sh", "*.md", "docs/*.md")
            for p in ROOT.glob(pattern)]
 
 
