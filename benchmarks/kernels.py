@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
 
 from benchmarks.lib.report import environment, markdown_table, write_outputs
+from benchmarks.lib.runner import run_view
 from devtools.engine import cpu_model_and_flags
 
 VOCAB_DOC = """The vocabulary-wide kernels of one MTAD draft step, timed side by side at real sizes.
@@ -208,11 +208,7 @@ def policy_main(argv=None) -> None:
 
 
 def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    views = {"vocab": vocab_main, "policy": policy_main}
-    if not argv or argv[0] not in views:
-        raise SystemExit(__doc__.split("\n\n")[1] + "\nerror: name one: vocab or policy")
-    views[argv[0]](argv[1:])
+    run_view({"vocab": vocab_main, "policy": policy_main}, argv, __doc__.split("\n\n")[1])
 
 
 if __name__ == "__main__":

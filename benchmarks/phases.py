@@ -23,7 +23,7 @@ os.environ.setdefault("VLLM_MTAD_PHASE_TIMERS", "1")
 from benchmarks.lib.engines import select_everywhere  # noqa: E402
 from benchmarks.lib.prompts import GREEDY, PAPER, humaneval_prompts  # noqa: E402
 from benchmarks.lib.report import environment, markdown_table, write_outputs  # noqa: E402
-from benchmarks.lib.runner import generate_in_batches  # noqa: E402
+from benchmarks.lib.runner import generate_in_batches, run_view  # noqa: E402
 from devtools.engine import (build_llm, close, default_dtype, draft_model_spec,  # noqa: E402
                              mtad_spec)
 from devtools.models import add_model_args, resolve_pair  # noqa: E402
@@ -320,11 +320,7 @@ def draft_main(argv=None):
 
 
 def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    views = {"step": step_main, "draft": draft_main}
-    if not argv or argv[0] not in views:
-        raise SystemExit(__doc__.split("\n\n")[1] + "\nerror: name a view: step or draft")
-    views[argv[0]](argv[1:])
+    run_view({"step": step_main, "draft": draft_main}, argv, __doc__.split("\n\n")[1])
 
 
 if __name__ == "__main__":

@@ -130,3 +130,14 @@ def die_with_parent(parent: int) -> None:
         return
     if os.getppid() != parent:  # it ended before the request
         os._exit(1)
+
+
+def run_view(views: dict, argv, usage: str) -> None:
+    """A program of several views (``python -m benchmarks.phases step ...``): the view named by
+    ``argv[0]`` (sys.argv[1:] when None) runs with the rest; none named: ``usage`` and exit."""
+    import sys
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] not in views:
+        raise SystemExit(f"{usage}\nerror: name a view: {' or '.join(views)}")
+    views[argv[0]](argv[1:])
