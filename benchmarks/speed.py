@@ -88,11 +88,11 @@ def run_one(llm, config: str, cell: str, batch: int, prompts: list, tokens: int,
     from vllm_mtad.proposer import drafter_stats
 
     selection0 = prepare(llm, config, gamma)
-    mode = config.split(" ")[1] if engine_of(config) == "mtad" and " " in config else None
+    is_mtad = engine_of(config) == "mtad"
+    mode = config.split(" ")[1] if is_mtad and " " in config else None
     extra = {"greedy_acceptance": mode} if mode in ("joint", "exact") else None
     params = [SamplingParams(max_tokens=tokens, ignore_eos=True, seed=seed + i, **CELLS[cell],
                              extra_args=extra) for i in range(len(prompts))]
-    is_mtad = engine_of(config) == "mtad"
     chosen0 = llm.collective_rpc(drafter_stats)[0]["policy_chosen"] if is_mtad else {}
     t0 = time.perf_counter()
     outs = generate_in_batches(llm, prompts, params, batch)
@@ -109,6 +109,25 @@ def run_one(llm, config: str, cell: str, batch: int, prompts: list, tokens: int,
             "selection": selection}
 
 
+def prompt_sets(prompts: list, batch: int, min_prompts: int) -> tuple[list, list]:
+    """(warm-up prompts, timed prompts) of a run of ``batch`` requests at a time: a batch, at
+    least ``min_prompts``, from HumanEval's second half and first half."""
+    n = max(batch, min_prompts)
+    return prompts[HALF: HALF + n], prompts[:n]
+
+
+def timed_runs(report, llm_of, configs: list[str], cell: str, batch: int, r: int,
+               timed: list, tokens: int, gamma: int) -> list:
+    """Repeat ``r``'s timed runs of ``configs`` in run_order, each on ``llm_of(config)``:
+    [(config, result), ...]; ``report(1)`` after each."""
+    out = []
+    for config in run_order(configs, r):
+        out.append((config, run_one(llm_of(config), config, cell, batch, timed, tokens, gamma,
+                                    0)))
+        report(1)
+    return out
+
+
 def repeat(report, engines: dict | None, spec: EngineSet, cell: str, batch: int, r: int,
            configs: list[str], warm: list | None, timed: list, tokens: int) -> list:
     """Repeat ``r`` of a (cell, batch) pair: every configuration warmed up on ``warm`` (None:
@@ -123,12 +142,8 @@ def repeat(report, engines: dict | None, spec: EngineSet, cell: str, batch: int,
             run_one(engines[engine_of(config)], config, cell, batch, warm, tokens, spec.gamma,
                     1000)
             report(1)
-        measured = []
-        for config in run_order(configs, r):
-            measured.append((config, run_one(engines[engine_of(config)], config, cell, batch,
-                                             timed, tokens, spec.gamma, 0)))
-            report(1)
-        return measured
+        return timed_runs(report, lambda c: engines[engine_of(c)], configs, cell, batch, r,
+                          timed, tokens, spec.gamma)
     finally:
         if own:
             for llm in engines.values():
@@ -153,14 +168,11 @@ def family_repeat(report, spec: EngineSet, family: str, plan: list, r: int, toke
             mine = [c for c in configs if engine_of(c) == family]
             if not mine:
                 continue
-            n = max(batch, min_prompts)
-            warm, timed = prompts[HALF: HALF + n], prompts[:n]
+            warm, timed = prompt_sets(prompts, batch, min_prompts)
             run_one(llm, mine[0], cell, batch, warm, max(tokens // 2, 1), spec.gamma, 1000)
             report(1)
-            for config in run_order(mine, r):
-                out.append((cell, batch, config,
-                            run_one(llm, config, cell, batch, timed, tokens, spec.gamma, 0)))
-                report(1)
+            out += [(cell, batch, config, res) for config, res in timed_runs(
+                report, lambda _: llm, mine, cell, batch, r, timed, tokens, spec.gamma)]
         return out
     finally:
         close(llm)
@@ -260,8 +272,7 @@ def main(argv=None) -> None:
                                for n in families}
                 warm_ups = args.repeats if args.instances == "repeat" else 1
                 for cell, batch, configs in plan:
-                    n = max(batch, args.min_prompts)
-                    warm, timed = prompts[HALF: HALF + n], prompts[:n]
+                    warm, timed = prompt_sets(prompts, batch, args.min_prompts)
                     for r in range(args.repeats):
                         bar.set_postfix_str(f"{cell} batch {batch} repeat {r + 1}")
                         rep_args = (engines, spec, cell, batch, r, configs,
@@ -310,7 +321,7 @@ def headline(rows: list[dict]) -> list[dict]:
     at = {(r["cell"], r["batch"], r["config"]): r for r in rows}
     out = []
     for (cell, batch, config), r in at.items():
-        if engine_of(config) != "mtad" or not config.split(" ")[0] == "mtad":
+        if config.split(" ")[0] != "mtad":  # the default MTAD, one row per greedy rule at T=0
             continue
         mode = config.split(" ")[1] if " " in config else None
         tgt, sd = at.get((cell, batch, "target")), at.get((cell, batch, "vllm_sd"))

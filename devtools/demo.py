@@ -97,7 +97,7 @@ def run_method(target, spec, prompts_text, max_tokens, tiny, kv_bytes):
 
     outs, tokens, seconds, counters = timed(True)
     shipped = None
-    if not (spec or {}).get("method") == "mtad":  # MTAD's engine selects with either setting
+    if kind_of(spec) != "mtad":  # MTAD's engine selects with either setting
         _, s_tokens, s_seconds, _ = timed(False)
         shipped = s_tokens / s_seconds
     close(llm)
@@ -105,6 +105,11 @@ def run_method(target, spec, prompts_text, max_tokens, tiny, kv_bytes):
             "shipped_tokens_per_s": shipped,
             "mean_acceptance_length": mean_acceptance_length(counters),
             "sample": outs[0].outputs[0].text}
+
+
+def kind_of(spec: dict | None) -> str:
+    """"target", "sd" or "mtad": which method a speculative_config (None: none) runs."""
+    return "target" if spec is None else "mtad" if spec["method"] == "mtad" else "sd"
 
 
 def sampler_share(rows: dict) -> str | None:
@@ -163,7 +168,8 @@ def main(argv: list[str] | None = None) -> None:
                   file=terminal)
             t0 = time.perf_counter()
             try:
-                rows.append((name, run_method(target, spec, PROMPTS, max_tokens, tiny, kv_bytes)))
+                rows.append((name, run_method(target, spec, PROMPTS, max_tokens, tiny, kv_bytes)
+                             | {"kind": kind_of(spec)}))
             except BaseException:
                 print("failed", file=terminal)
                 if log is not None:
@@ -179,8 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         shipped = (f"{r['shipped_tokens_per_s']:.1f}" if r["shipped_tokens_per_s"]
                    else "(selects either way)")
         print(f"| {name} | {r['tokens']} | {r['tokens_per_s']:.1f} | {shipped} | {mal} |")
-    by_kind = {("mtad" if name.startswith("MTAD") else "sd" if name.startswith("vLLM") else
-                "target"): r for name, r in rows}
+    by_kind = {r["kind"]: r for _, r in rows}
     line = sampler_share(by_kind)
     if line:
         print("\n" + line)

@@ -24,7 +24,7 @@ from devtools.engine import build_llm, draft_model_spec, mtad_spec
 
 SHIPPED = " as shipped"  # the suffix of a configuration run with vLLM's own sampler
 
-# name -> (engine, what the runs ask of it)
+# name -> what a run of it measures (engine_of says which engine it runs on)
 CONFIGS = {
     "target": "the target alone",
     "vllm_sd": "vLLM draft_model, probabilistic drafts, rejection sampling",
