@@ -1,6 +1,7 @@
 """The engine configuration vLLM builds from an MTAD setup (EngineArgs.create_engine_config on
 the tiny pair; no model is loaded): vLLM's ``--spec-method/--spec-model/--spec-tokens`` flags
-give the same engine as ``--speculative-config``; the parallel layouts MTAD cannot run under,
+give the same engine as ``--speculative-config``; the parallel layouts MTAD never ran under
+(context, data and pipeline parallelism > 1: everything but tensor parallelism),
 vLLM's FLy verification keys, bad MTAD settings and a draft with another vocabulary are refused
 naming the key, as LLM() and ``vllm serve`` refuse them before building an engine.
 """
@@ -71,15 +72,22 @@ def test_serve_command_line_accepts_spec_method_mtad(tiny_pair_dirs):
         parser.parse_args(["--spec-method", "mtda"])
 
 
+# What every refused parallel layout's message points to instead (vllm_mtad.config).
+INSTEAD = (r"Use tensor parallelism \(--tensor-parallel-size\) or one MTAD engine per replica "
+           r"\(python -m vllm_mtad\.ray_batch")
+
+
 @pytest.mark.parametrize("key", ["decode_context_parallel_size",
                                  "prefill_context_parallel_size"])
 def test_context_parallelism_is_refused(tiny_pair_dirs, key):
     from devtools.engine import mtad_spec
 
     target, draft = tiny_pair_dirs
-    with pytest.raises(ValueError, match=rf"MTAD does not support {key}=2.*Allowed: {key}=1"):
+    with pytest.raises(ValueError, match=rf"MTAD does not support {key}=2.*Allowed: {key}=1") \
+            as err:
         _engine_config(model=str(target), speculative_config=mtad_spec(draft),
                        tensor_parallel_size=2, **{key: 2})
+    assert err.match(INSTEAD)
 
 
 def _moe_target(target_dir, tmp_path):
@@ -93,18 +101,78 @@ def _moe_target(target_dir, tmp_path):
     return moe
 
 
-def test_data_parallelism_is_refused_for_an_moe_target_only(tiny_pair_dirs, tmp_path):
+@pytest.mark.parametrize("width", [1, 4])
+def test_data_parallelism_is_refused_for_an_moe_target(tiny_pair_dirs, tmp_path, width):
     from devtools.engine import mtad_spec
 
     target, draft = tiny_pair_dirs
     moe = _moe_target(target, tmp_path)
     with pytest.raises(ValueError, match=r"MTAD does not support data_parallel_size=2 with a "
-                                         "mixture-of-experts target"):
-        _engine_config(model=str(moe), speculative_config=mtad_spec(draft),
+                                         "mixture-of-experts target") as err:
+        _engine_config(model=str(moe), speculative_config=mtad_spec(draft, width=width),
                        data_parallel_size=2)
+    assert "Allowed: data_parallel_size=1" in str(err.value)
+    assert err.match(INSTEAD)
     # The same MoE target without data parallelism passes MTAD's checks.
     cfg = _engine_config(model=str(moe), speculative_config=mtad_spec(draft))
     assert cfg.model_config.is_moe and "mtad" in cfg.additional_config
+
+
+@pytest.mark.parametrize("policy", ["fixed", "adaptive"])
+@pytest.mark.parametrize("width", [1, 4])
+def test_data_parallelism_is_refused_for_a_dense_target(tiny_pair_dirs, width, policy):
+    """vLLM 0.32 itself accepts --data-parallel-size 2 with a dense target and a draft model
+    (each rank an independent engine under ``vllm serve``), for any W; MTAD never ran there, so
+    it stops startup naming the key and what to use instead. W = 1 too: the adaptive policy's
+    γ is still each engine's own, and nothing about DP was run with W = 1 either."""
+    from devtools.engine import mtad_spec
+
+    target, draft = tiny_pair_dirs
+    spec = mtad_spec(draft, width=width, speculation_policy=policy)
+    with pytest.raises(ValueError, match=r"MTAD does not support data_parallel_size=2 "
+                                         r"\(--data-parallel-size\)") as err:
+        _engine_config(model=str(target), speculative_config=spec, data_parallel_size=2)
+    assert "Allowed: data_parallel_size=1" in str(err.value)
+    assert err.match(INSTEAD)
+    # With tensor parallelism as well, still refused (the DP check does not depend on TP).
+    with pytest.raises(ValueError, match=r"data_parallel_size=2 \(--data-parallel-size\)"):
+        _engine_config(model=str(target), speculative_config=spec, data_parallel_size=2,
+                       tensor_parallel_size=2)
+    # Tensor parallelism, what the message points to, passes MTAD's checks.
+    cfg = _engine_config(model=str(target), speculative_config=spec, tensor_parallel_size=2)
+    assert cfg.parallel_config.tensor_parallel_size == 2
+    assert cfg.additional_config["mtad"]["beam_width"] == width
+
+
+def test_pipeline_parallelism_is_refused(tiny_pair_dirs):
+    """vLLM 0.32 accepts --pipeline-parallel-size 2 with a draft model (it puts the draft on
+    the last stage); MTAD never ran there."""
+    from devtools.engine import mtad_spec
+
+    target, draft = tiny_pair_dirs
+    with pytest.raises(ValueError, match=r"MTAD does not support pipeline_parallel_size=2 "
+                                         r"\(--pipeline-parallel-size\)") as err:
+        _engine_config(model=str(target), speculative_config=mtad_spec(draft),
+                       pipeline_parallel_size=2)
+    assert "Allowed: pipeline_parallel_size=1" in str(err.value)
+    assert err.match(INSTEAD)
+
+
+def test_parallel_refusals_through_the_serve_command_line(tiny_pair_dirs):
+    """``vllm serve --data-parallel-size 2`` / ``--pipeline-parallel-size 2``: the same
+    refusals through the parser ``vllm serve`` builds, before any engine process starts."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    target, draft = map(str, tiny_pair_dirs)
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    for flag, key in (("--data-parallel-size", "data_parallel_size"),
+                      ("--pipeline-parallel-size", "pipeline_parallel_size")):
+        args = parser.parse_args([
+            "--model", target, "--max-model-len", "256", "--spec-method", "mtad",
+            "--spec-model", draft, "--spec-tokens", "2", flag, "2"])
+        with pytest.raises(ValueError, match=rf"MTAD does not support {key}=2 \({flag}\)"):
+            AsyncEngineArgs.from_cli_args(args).create_engine_config()
 
 
 @pytest.mark.parametrize("how", ["dict", "flags"])

@@ -184,25 +184,54 @@ def fold_spec_flags(speculative_config: dict[str, Any] | None,
     return spec
 
 
+# What to run instead of a refused parallel layout (check_parallel's messages).
+_PARALLEL_INSTEAD = ("Use tensor parallelism (--tensor-parallel-size) or one MTAD engine per "
+                     "replica (python -m vllm_mtad.ray_batch runs one per Ray actor; or one "
+                     "vllm-mtad serve per replica behind a load balancer).")
+
+
 def check_parallel(parallel_config: Any) -> None:
-    """Refuse, naming the key, the parallel layouts MTAD's beam steps cannot run under:
-    decode/prefill context parallelism (the beam KV layout and the beam steps' attention
-    metadata assume each rank holds every token of a request; they carry no per-rank lengths)
-    and data parallelism on a mixture-of-experts model (vLLM then syncs every forward across
-    the DP ranks, and the number of beam steps is each rank's own)."""
+    """Refuse, naming the key, every parallel layout MTAD has not run under; tensor parallelism
+    is the one that has (tests/test_e2e_tp.py). Refused, for any beam_width (W = 1 included):
+
+    - decode/prefill context parallelism > 1: the beam KV layout and the beam steps' attention
+      metadata assume each rank holds every token of a request (no per-rank lengths).
+    - data parallelism > 1 on a mixture-of-experts target: vLLM syncs every forward across the
+      DP ranks (DPEngineCoreProc, dummy batches on idle ranks), while each rank decides its own
+      W and γ (the adaptive policy's plan is broadcast over the TP group only) and so runs its
+      own number of draft forwards.
+    - data parallelism > 1 on a dense target: vLLM 0.32 runs each DP rank as an independent
+      engine (EngineCoreProc after ParallelConfig.reconfigure_for_independent_dp_rank), but
+      that path has never run with MTAD; one engine per replica is the same thing, tested.
+    - pipeline parallelism > 1: vLLM puts the whole draft model on the last stage only, so the
+      draft-only KV blocks and the beam steps would exist on one stage of several; never run.
+    """
     for key in ("decode_context_parallel_size", "prefill_context_parallel_size"):
         size = getattr(parallel_config, key, 1)
         if size > 1:
             raise ValueError(
                 f"MTAD does not support {key}={size}: the beam steps assume each rank holds "
-                f"every token of a request. Allowed: {key}=1 (tensor parallelism is supported).")
+                f"every token of a request. Allowed: {key}=1. {_PARALLEL_INSTEAD}")
     dp = getattr(parallel_config, "data_parallel_size", 1)
     if dp > 1 and getattr(parallel_config, "is_moe_model", None):
         raise ValueError(
             f"MTAD does not support data_parallel_size={dp} with a mixture-of-experts target: "
             "vLLM syncs every forward of an MoE model across the data-parallel ranks, and each "
-            "rank runs its own number of beam steps. Allowed: data_parallel_size=1 (use "
-            "tensor parallelism, or one engine per replica).")
+            "rank runs its own number of beam steps (its own W and γ per step). Allowed: "
+            f"data_parallel_size=1 (--data-parallel-size 1). {_PARALLEL_INSTEAD}")
+    if dp > 1:
+        raise ValueError(
+            f"MTAD does not support data_parallel_size={dp} (--data-parallel-size): MTAD has not "
+            "run under vLLM's data parallelism (for a dense target vLLM runs each data-parallel "
+            "rank as an independent engine; that path is untested with MTAD, for any "
+            f"beam_width). Allowed: data_parallel_size=1. {_PARALLEL_INSTEAD}")
+    pp = getattr(parallel_config, "pipeline_parallel_size", 1)
+    if pp > 1:
+        raise ValueError(
+            f"MTAD does not support pipeline_parallel_size={pp} (--pipeline-parallel-size): vLLM "
+            "places the whole draft model on the last pipeline stage, and MTAD's beam steps and "
+            "draft-only KV blocks have not run split across stages. Allowed: "
+            f"pipeline_parallel_size=1. {_PARALLEL_INSTEAD}")
 
 
 def from_additional_config(additional_config: Any) -> MTADConfig | None:

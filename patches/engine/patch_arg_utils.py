@@ -7,8 +7,9 @@ Why: SpeculativeConfig validates ``method`` against a fixed Literal and forbids 
     --spec-tokens`` into the dict inside this method, after the translation must have run.
 How: wraps the method; with ``--spec-method mtad`` (``LLM(spec_method="mtad")``) it first folds
     the three flags into the dict as vLLM would (a flag and the same key in the dict are
-    mutually exclusive); for an MTAD dict it refuses context parallelism and data parallelism
-    on an MoE target and validates the MTAD keys (ValueError naming the key), moves them
+    mutually exclusive); for an MTAD dict it refuses every parallel layout but tensor
+    parallelism (context, data and pipeline parallelism > 1: config.check_parallel) and
+    validates the MTAD keys (ValueError naming the key), moves them
     into ``additional_config["mtad"]`` (pickled to every process) and hands vLLM a plain
     ``method="draft_model"`` config; a local draft path must exist, hold a readable
     config.json and share the target's tokenizer (ValueError naming 'model'); after vLLM built
