@@ -35,7 +35,7 @@ carried to a machine without vLLM).
 POLICY_DOC = """What one decision of the speculation policy costs on the host (no model; vLLM only for the
 environment record).
 
-The policy prices every (W, γ) arm before each step (``vllm_mtad.core.policy.choose``). This
+The policy prices every (W, γ) arm before each step (``vllm_mtad.policy.choose``). This
 times one decision at a few batch sizes on cost lines and acceptance statistics fed synthetic
 samples shaped like the real pair's (a target pass ~0.1 s + 4 ms a token, a draft pass ~30 ms),
 requests of the paper's sampling class with 1–48 tokens left, W ≤ 4, γ ≤ 4: the step the
@@ -70,8 +70,8 @@ def timed(fn, device, repeats: int) -> float:
 def measure(batch: int, device, repeats: int) -> list[dict]:
     import torch
 
-    from vllm_mtad.core import beam_step, noise
-    from vllm_mtad.core.processing import (draft_candidates, plan_candidates,
+    from vllm_mtad.core import NoiseKeys, StepCandidates, beam_step, noise
+    from vllm_mtad.core.processing import (draft_candidates, size_candidates,
                                            processed_logprobs)
 
     gen = torch.Generator().manual_seed(0)
@@ -80,16 +80,18 @@ def measure(batch: int, device, repeats: int) -> list[dict]:
     temp = torch.ones(R, device=device)
     top_k = torch.full((R,), 10, device=device)
     top_p = torch.full((R,), 0.9, device=device)
-    plan = plan_candidates(V, W, [False] * R, [10] * R, [0.9] * R)
+    plan = size_candidates(V, W, [False] * R, [10] * R, [0.9] * R)
     greedy = torch.zeros(batch, dtype=torch.bool, device=device)
     seeds = torch.arange(batch, device=device)
     pos = torch.arange(batch, device=device) + 100
     keys = noise.row_keys(seeds, pos, 2, noise.STREAM_DRAFT)
+    noise_keys = NoiseKeys(greedy, seeds, pos)  # any_sampled read from greedy (a sync)
+    noise_keys_host = NoiseKeys(greedy, seeds, pos, any_sampled=True)
 
     cands = draft_candidates(logits, temp, top_k, top_p, plan)
     dense_lp = processed_logprobs(logits, temp, top_k, top_p)
-    first = beam_step(cands.logprobs[:batch, None], None, W, greedy, seeds, pos, 1, None,
-                      cands.token_ids[:batch, None], V, any_sampled=True)
+    first = beam_step(StepCandidates(cands.logprobs[:batch, None], cands.token_ids[:batch, None],
+                                     V), None, W, noise_keys_host, 1)
     pieces = {
         "processing: definition (full sort)":
             lambda: processed_logprobs(logits, temp, top_k, top_p),
@@ -100,10 +102,11 @@ def measure(batch: int, device, repeats: int) -> list[dict]:
         "noise for all W·V candidates, compiled":
             lambda: noise.gumbel(keys, W * V),
         "beam step, dense (W·V candidates)":
-            lambda: beam_step(dense_lp.view(batch, W, V), first, W, greedy, seeds, pos, 2),
+            lambda: beam_step(dense_lp.view(batch, W, V), first, W, noise_keys, 2),
         "beam step, sparse (W·K candidates)":
-            lambda: beam_step(cands.logprobs.view(batch, W, -1), first, W, greedy, seeds, pos,
-                              2, None, cands.token_ids.view(batch, W, -1), V, True),
+            lambda: beam_step(StepCandidates(cands.logprobs.view(batch, W, -1),
+                                             cands.token_ids.view(batch, W, -1), V),
+                              first, W, noise_keys_host, 2),
     }
     rows = []
     for name, fn in pieces.items():
@@ -147,7 +150,7 @@ def vocab_main(argv=None):
 
 def fed_policy(batch_size: int, seed: int = 0):
     """(costs, stats, bounds, batch) after 64 cost samples and 200 recorded drafts."""
-    from vllm_mtad.core import policy
+    from vllm_mtad import policy
 
     rng = random.Random(seed)
     B = batch_size
@@ -166,15 +169,16 @@ def fed_policy(batch_size: int, seed: int = 0):
         stats["sampled"].record(rng.randint(1, 4), g, rng.randint(0, g))
     bounds = policy.Bounds(4, 4, 1, 0)
     left = [rng.randint(1, 48) for _ in range(B)]
-    batch = policy.Batch.from_step(["sampled"] * B, B, 0, 0.0, tokens_left=left, horizon=4,
-                                   prompt_tokens=[150] * B, max_tokens=[48] * B)
+    demand = policy.RowDemand(["sampled"] * B, tokens_left=left, prompt_tokens=[150] * B,
+                              max_tokens=[48] * B)
+    batch = policy.Batch.from_step(demand, B, 0, horizon=4)
     return costs, stats, bounds, batch
 
 
 def time_decisions(batch_size: int, seconds: float) -> float:
     """Mean seconds of one ``choose`` (a step that does not explore: step numbers 1, 2, ...
     skip every 16th), decisions repeated for ``seconds``."""
-    from vllm_mtad.core import policy
+    from vllm_mtad import policy
 
     costs, stats, bounds, batch = fed_policy(batch_size)
     policy.choose(batch, costs, stats, bounds, 1)  # warm-up

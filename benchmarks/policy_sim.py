@@ -2,7 +2,7 @@
 fresh and after a history that mismeasured an arm (no model, no timing: exact cost lines and
 acceptance drawn from known rates, so the best arm is known).
 
-Each step asks ``vllm_mtad.core.policy.choose`` for (W, γ) with the code it imports, then
+Each step asks ``vllm_mtad.policy.choose`` for (W, γ) with the code it imports, then
 records what a draft of that width and length would have had accepted, every position passing
 with the scenario's rate for that width (seeded). Reported per scenario, start and window of
 steps: the mean over seeds of the chosen arm's true goodput over the best arm's (1 = always the
@@ -60,7 +60,7 @@ def costs(policy, beam_row: float):
 
 def run(scenario: str, start: str, seed: int, steps: int = 1000) -> list[float]:
     """Per step: the chosen arm's true goodput over the best arm's."""
-    from vllm_mtad.core import policy
+    from vllm_mtad import policy
 
     rates, beam_row, B = SCENARIOS[scenario]
     c = costs(policy, beam_row)
@@ -80,7 +80,7 @@ def run(scenario: str, start: str, seed: int, steps: int = 1000) -> list[float]:
         stats["sampled"].record_batch(1, [(4, k, round(400 * (r ** k * (1 - r) if k < 4
                                                               else r ** 4))) for k in range(5)])
     truth = random.Random(1000 + seed)
-    # The controller's exploration budget (vllm_mtad.speculation), where the code has one.
+    # The controller's exploration budget (vllm_mtad.policy.controller), where the code has one.
     budget = policy.ExplorationBudget() if hasattr(policy, "ExplorationBudget") else None
     out = []
     for step in range(1, steps + 1):

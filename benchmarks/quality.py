@@ -275,7 +275,7 @@ def run_speed(args, target, draft, problems, out: Path) -> None:
     """tok/s of every configuration in one interleaved run (its engines all alive)."""
     from tqdm import tqdm
 
-    from vllm_mtad.speculation import force_plans
+    from vllm_mtad.policy.controller import force_plans
 
     configs = [c for c in grid() if not args.only or c.name in args.only]
     specs = engine_specs(draft)

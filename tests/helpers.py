@@ -9,7 +9,7 @@ import zlib
 
 import torch
 
-from vllm_mtad.core import beam_step, best_beam, processed_logprobs
+from vllm_mtad.core import NoiseKeys, beam_step, best_beam, processed_logprobs
 
 
 class ToyLM:
@@ -41,6 +41,7 @@ def core_draft(lm: ToyLM, contexts: list[list[int]], gamma: int, beam_width: int
     greedy = temp < 1e-5
     seeds_t = torch.tensor(seeds, dtype=torch.int64)
     pos_t = torch.tensor(positions if positions is not None else [len(c) for c in contexts])
+    keys = NoiseKeys(greedy, seeds_t, pos_t)
     state = None
     for step in range(1, gamma + 1):
         W_in = 1 if state is None else beam_width
@@ -52,7 +53,7 @@ def core_draft(lm: ToyLM, contexts: list[list[int]], gamma: int, beam_width: int
         logits = torch.stack(rows)  # [B * W_in, V]
         rep = lambda t: None if t is None else t.repeat_interleave(W_in)  # noqa: E731
         lp = processed_logprobs(logits, rep(temp), rep(tk), rep(tp)).reshape(B, W_in, -1)
-        state = step_fn(lp, state, beam_width, greedy, seeds_t, pos_t, step)
+        state = step_fn(lp, state, beam_width, keys, step)
     tokens, lps = best_beam(state)
     return tokens, lps, state
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.helpers import chi_square_pvalue
-from vllm_mtad.core import acceptance
+from vllm_mtad.core import NoiseKeys, acceptance
 from vllm_mtad.core.acceptance import accepted_lengths, extra_tokens, mtad_accept
 
 pytestmark = pytest.mark.unit
@@ -185,8 +185,9 @@ def test_prefix_accepted_lengths_match_the_rule_on_each_prefix_alone():
         check_prefixes_match_oracle(wrong_prefixes_clipped)
     draft, draft_lp, target, tau, greedy, exact = as_batch(random_cases(5))
     B = draft.shape[0]
-    res = mtad_accept(draft, draft_lp, target, tau.float(), greedy, exact,
-                      torch.zeros(B, dtype=torch.int64), torch.zeros(B, dtype=torch.int64))
+    res = mtad_accept(draft, draft_lp, target, tau.float(), exact,
+                      NoiseKeys(greedy, torch.zeros(B, dtype=torch.int64),
+                                torch.zeros(B, dtype=torch.int64)))
     assert torch.equal(res.prefix_accepted[:, -1], res.num_accepted)
     assert torch.equal(res.prefix_accepted, prefix_lengths(draft, draft_lp, target, tau.float(),
                                                            greedy & exact))
@@ -233,8 +234,8 @@ def test_output_format_and_greedy_extra_token():
     tau = torch.rand(B, generator=gen) * 0.9 + 0.05  # per-row τ
     greedy = torch.arange(B) % 2 == 0
     exact = torch.arange(B) % 4 == 0
-    res = mtad_accept(draft, draft_lp, target, tau, greedy, exact,
-                      seeds=torch.arange(B), positions=torch.full((B,), 10))
+    res = mtad_accept(draft, draft_lp, target, tau, exact,
+                      NoiseKeys(greedy, seeds=torch.arange(B), positions=torch.full((B,), 10)))
     out = res.output_token_ids
     assert out.dtype == torch.int32 and out.shape == (B, gamma + 1)
     for b in range(B):

@@ -41,7 +41,7 @@ def drafted_and_accepted(llm, prompts, sampling):
 
 def test_self_draft_accepts_everything_across_skipped_and_narrowed_steps(tiny_pair_dirs):
     from vllm_mtad.proposer import drafter_stats
-    from vllm_mtad.speculation import force_plans
+    from vllm_mtad.policy.controller import force_plans
 
     target_dir, _ = tiny_pair_dirs
     llm = make_llm(target_dir, mtad_spec(target_dir, gamma=3, width=4), enforce_eager=True,
@@ -148,7 +148,7 @@ def test_a_request_asking_for_the_fixed_policy_gets_the_fixed_engines_output(tin
     the request is in drafts the configured (W, γ), so its seeded output is the one a fixed
     engine gives, while the engine's other steps follow its own plans (here forced, so that
     they differ for sure: without the override the same request's output differs)."""
-    from vllm_mtad.speculation import force_plans
+    from vllm_mtad.policy.controller import force_plans
 
     target_dir, draft_dir = tiny_pair_dirs
     mine = params(40, 1.0, seed=5, top_k=10, extra_args={"speculation_policy": "fixed"})
@@ -180,7 +180,7 @@ def test_steps_without_a_draft_sample_what_the_target_alone_samples(tiny_pair_di
     from vllm.platforms import current_platform
 
     from vllm_mtad.proposer import drafter_stats
-    from vllm_mtad.speculation import force_plans
+    from vllm_mtad.policy.controller import force_plans
 
     target_dir, draft_dir = tiny_pair_dirs
     n = 24

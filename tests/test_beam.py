@@ -11,7 +11,7 @@ import torch
 
 from tests.helpers import (ToyLM, brute_force_best, chi_square_pvalue, core_draft,
                            ordered_draw_probability, set_draw_probabilities)
-from vllm_mtad.core import BeamState, beam_step, best_beam, keep_rows
+from vllm_mtad.core import BeamState, NoiseKeys, beam_step, best_beam, keep_rows
 
 pytestmark = pytest.mark.unit
 
@@ -31,8 +31,9 @@ def _one_step_state(B: int) -> BeamState:
 
 def sample_one_step(step_fn, beam_width: int, B: int = NUM_SAMPLES):
     lp = torch.tensor(STEP_PROBS).log().expand(B, 2, 3)
-    state = step_fn(lp, _one_step_state(B), beam_width, torch.zeros(B, dtype=torch.bool),
-                    torch.arange(B, dtype=torch.int64), torch.full((B,), 3), 2)
+    keys = NoiseKeys(torch.zeros(B, dtype=torch.bool), torch.arange(B, dtype=torch.int64),
+                     torch.full((B,), 3))
+    state = step_fn(lp, _one_step_state(B), beam_width, keys, 2)
     return state
 
 
@@ -64,7 +65,7 @@ def check_sampled_step_distribution(step_fn, beam_width: int = 3) -> None:
     assert torch.allclose(state.scores, state.token_logprobs.sum(-1))
 
 
-def wrong_with_replacement(lp, state, beam_width, greedy, seeds, positions, step):
+def wrong_with_replacement(lp, state, beam_width, keys, step):
     """Draws W candidates independently (with replacement)."""
     B, W_in, V = lp.shape
     cand = (state.scores[:, :, None] + lp).reshape(B, -1)
@@ -73,13 +74,13 @@ def wrong_with_replacement(lp, state, beam_width, greedy, seeds, positions, step
     return _state_from_choice(state, lp, cand, chosen)
 
 
-def wrong_last_step_score(lp, state, beam_width, greedy, seeds, positions, step):
+def wrong_last_step_score(lp, state, beam_width, keys, step):
     """Ranks candidates by the step's log q̃ alone, not the cumulative beam score."""
     if state is None:
-        return beam_step(lp, state, beam_width, greedy, seeds, positions, step)
+        return beam_step(lp, state, beam_width, keys, step)
     zeroed = BeamState(torch.zeros_like(state.scores), state.tokens, state.token_logprobs,
                        state.parents)
-    new = beam_step(lp, zeroed, beam_width, greedy, seeds, positions, step)
+    new = beam_step(lp, zeroed, beam_width, keys, step)
     parent_scores = state.scores.gather(1, new.parents)
     return BeamState(new.scores + parent_scores, new.tokens, new.token_logprobs, new.parents)
 
@@ -109,8 +110,8 @@ def test_first_step_distribution():
     """Step 1: W distinct tokens from q̃(· | c) without replacement."""
     B, probs = 100_000, [0.4, 0.3, 0.2, 0.1]
     lp = torch.tensor(probs).log().expand(B, 1, 4)
-    state = beam_step(lp, None, 2, torch.zeros(B, dtype=torch.bool), torch.arange(B),
-                      torch.zeros(B, dtype=torch.int64), 1)
+    state = beam_step(lp, None, 2, NoiseKeys(torch.zeros(B, dtype=torch.bool), torch.arange(B),
+                                             torch.zeros(B, dtype=torch.int64)), 1)
     sets = Counter(frozenset(r) for r in state.tokens[:, :, 0].tolist())
     assert chi_square_pvalue(sets, set_draw_probabilities(probs, 2), B) > 1e-4
     assert torch.equal(state.parents, torch.zeros_like(state.parents))
@@ -182,14 +183,15 @@ def test_fewer_valid_candidates_than_beams():
     assert torch.isfinite(lps).all()
     assert torch.isfinite(state.scores).all()  # 2 live beams x 2 tokens = 4 live again
     s1 = beam_step(torch.tensor([[[0.0, -math.inf, -math.inf, -math.inf]]]), None, 3,
-                   torch.tensor([False]), torch.tensor([0]), torch.tensor([0]), 1)
+                   NoiseKeys(torch.tensor([False]), torch.tensor([0]), torch.tensor([0])), 1)
     assert s1.scores[0, 0] == 0 and torch.isinf(s1.scores[0, 1:]).all()
     assert best_beam(s1)[0].tolist() == [[0]]
 
 
 def test_more_beams_than_candidates():
-    state = beam_step(torch.zeros(2, 1, 2).log_softmax(-1), None, 4, torch.tensor([True, False]),
-                      torch.tensor([0, 1]), torch.tensor([0, 0]), 1)
+    state = beam_step(torch.zeros(2, 1, 2).log_softmax(-1), None, 4,
+                      NoiseKeys(torch.tensor([True, False]), torch.tensor([0, 1]),
+                                torch.tensor([0, 0])), 1)
     assert state.scores.shape == (2, 4)
     assert torch.isfinite(state.scores[:, :2]).all() and torch.isinf(state.scores[:, 2:]).all()
 
@@ -209,8 +211,8 @@ def test_row_beam_width_limits_a_row_to_one_beam():
     lm = ToyLM(6, seed=8)
     B = 300
     narrow = torch.tensor([1, 4] * (B // 2))
-    step = lambda lp, st, w, g, s, p, k: beam_step(lp, st, w, g, s, p, k,  # noqa: E731
-                                                    row_beam_width=narrow)
+    step = lambda lp, st, w, keys, k: beam_step(lp, st, w, keys, k,  # noqa: E731
+                                                 row_beam_width=narrow)
     tokens, lps, state = core_draft(lm, [[2]] * B, 3, 4, [1.0] * B, list(range(B)), step_fn=step)
     assert torch.isinf(state.scores[0::2, 1:]).all() and torch.isfinite(state.scores[1::2]).all()
     assert torch.isfinite(lps).all()
@@ -246,8 +248,8 @@ def test_rows_kept_after_their_last_step_draft_as_a_shorter_search():
     temps, seeds = [1.0, 0.0, 1.0, 0.0, 1.0], [5, 6, 7, 8, 9]
     limit = torch.tensor(steps)
 
-    def step_fn(lp, state, W, greedy, seed_t, pos_t, step):
-        new = beam_step(lp, state, W, greedy, seed_t, pos_t, step)
+    def step_fn(lp, state, W, keys, step):
+        new = beam_step(lp, state, W, keys, step)
         return new if state is None else keep_rows(new, state, step > limit)
 
     tokens, lps, _ = core_draft(lm, contexts, 4, 3, temps, seeds, step_fn=step_fn)

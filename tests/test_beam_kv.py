@@ -9,7 +9,8 @@ import random
 import pytest
 import torch
 
-from vllm_mtad.beam_kv import BeamKVLayout, chain_step_kv, scratch_blocks, tail_blocks
+from vllm_mtad.beam_kv import (BeamKVLayout, RequestBlocks, chain_step_kv, scratch_blocks,
+                               tail_blocks)
 
 pytestmark = pytest.mark.unit
 
@@ -40,8 +41,8 @@ def simulate(ps, gamma, W, bs, seed, scratch_rows=None, max_model_len=10_000):
         for pos in range(p + 1):  # the prefix, including the bonus token at p
             cache[table[b, pos // bs], pos % bs] = PREFIX * (b + 1) + pos
     before = cache[:POOL].clone()
-    layout = BeamKVLayout(table, torch.tensor(owned), torch.tensor(ps), gamma, W, bs,
-                          max_model_len, POOL, scratch_rows)
+    layout = BeamKVLayout(RequestBlocks(table, torch.tensor(owned), torch.tensor(ps)), gamma, W,
+                          bs, max_model_len, POOL, scratch_rows)
     widths = [int(x) for x in layout.row_beam_width]
     histories = [[[]] for _ in range(B)]  # token history of each previous-step beam
     parents = torch.zeros(B, W, dtype=torch.int64)
@@ -118,8 +119,8 @@ def test_only_partial_tail_blocks_are_copied():
     """Copies never exceed one block per beam per step, whatever the context length."""
     for p in (40, 4000):
         table = torch.arange(1, 201)[None]
-        layout = BeamKVLayout(table, torch.tensor([200]), torch.tensor([p % 3000]), 4, 4, 16,
-                              100_000, 201, 1)
+        layout = BeamKVLayout(RequestBlocks(table, torch.tensor([200]), torch.tensor([p % 3000])),
+                              4, 4, 16, 100_000, 201, 1)
         parents = torch.zeros(1, 4, dtype=torch.int64)
         kv = layout.step(parents, 2)
         assert int(kv.num_copies) <= 3
@@ -141,8 +142,8 @@ def test_tail_in_the_last_block_of_the_context_keeps_the_scratch_blocks():
     C, bs, W, gamma = 8, 32, 3, 4
     table = torch.arange(10, 10 + C, dtype=torch.int32)[None, :]
     p = torch.tensor([7 * bs + 5])  # first tail column 7 = C - 1
-    layout = BeamKVLayout(table, torch.tensor([C]), p, gamma, W, bs, C * bs, scratch_base=100,
-                          scratch_rows=1)
+    layout = BeamKVLayout(RequestBlocks(table, torch.tensor([C]), p), gamma, W, bs, C * bs,
+                          scratch_base=100, scratch_rows=1)
     kv = layout.step(torch.zeros(1, W, dtype=torch.int64), 2)
     last = kv.block_table[:, C - 1].tolist()
     assert last[0] == 17  # beam 0: the request's own block
@@ -167,10 +168,11 @@ def test_the_argmax_chain_plans_what_a_one_beam_layout_plans(bs, max_model_len):
         rows.append(ids[start:start + n] + [0] * (C - n))
         start += n
     table, num_blocks, p = torch.tensor(rows), torch.tensor(owned), torch.tensor(ps)
-    layout = BeamKVLayout(table, num_blocks, p, gamma, 1, bs, max_model_len, 1000, len(ps))
+    requests = RequestBlocks(table, num_blocks, p)
+    layout = BeamKVLayout(requests, gamma, 1, bs, max_model_len, 1000, len(ps))
     for t in range(2, gamma + 1):
         want = layout.step(torch.zeros(len(ps), 1, dtype=torch.int64), t)
-        got = chain_step_kv(table, num_blocks, p, t, bs, max_model_len)
+        got = chain_step_kv(requests, t, bs, max_model_len)
         assert int(want.num_copies) == int(got.num_copies) == 0
         for name in ("block_table", "slot_mapping", "positions", "seq_lens"):
             assert torch.equal(getattr(got, name), getattr(want, name)), (name, t)

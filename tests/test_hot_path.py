@@ -17,10 +17,11 @@ import pytest
 import torch
 
 from vllm_mtad import envs
-from vllm_mtad.beam_kv import BeamKVLayout
-from vllm_mtad.core import beam_step, is_greedy, mtad_accept, noise
+from vllm_mtad.beam_kv import BeamKVLayout, RequestBlocks
+from vllm_mtad.core import (Bonus, NoiseKeys, StepCandidates, beam_step, is_greedy, mtad_accept,
+                            noise)
 from vllm_mtad.core.acceptance import extra_tokens_from
-from vllm_mtad.core.processing import (TIE_SLACK, Candidates, draft_candidates, plan_candidates,
+from vllm_mtad.core.processing import (TIE_SLACK, Candidates, draft_candidates, size_candidates,
                                        processed_logprobs)
 
 pytestmark = pytest.mark.unit
@@ -61,7 +62,7 @@ def test_candidates_equal_the_definition(kind):
         logits = random_rows(gen, R, V, kind)
         temp, top_k, top_p = settings(gen, R, V)
         greedy = is_greedy(temp)
-        plan = plan_candidates(V, W, greedy.tolist(), top_k.tolist(), top_p.tolist())
+        plan = size_candidates(V, W, greedy.tolist(), top_k.tolist(), top_p.tolist())
         k_max = int(top_k[~greedy].max())
         assert plan.num_candidates == max(W, k_max + max(TIE_SLACK, k_max))
         c = draft_candidates(logits, temp, top_k, top_p, plan)
@@ -97,7 +98,7 @@ def test_bf16_logits_rarely_overflow(top_k):
     R, V = 64, 151_936
     logits = (torch.randn(R, V, generator=gen) * 3).to(torch.bfloat16)
     temp, k = torch.ones(R), torch.full((R,), top_k)
-    plan = plan_candidates(V, 4, [False] * R, [top_k] * R, [0.9] * R)
+    plan = size_candidates(V, 4, [False] * R, [top_k] * R, [0.9] * R)
     c = draft_candidates(logits, temp, k, torch.full((R,), 0.9), plan)
     assert int(c.overflow.sum()) == 0
 
@@ -117,7 +118,7 @@ def test_adversarial_rows():
     temp = torch.ones(3)
     top_k = torch.tensor([4, 4, 3])
     top_p = torch.tensor([1.0, 1.0, 0.5])
-    plan = plan_candidates(V, 2, [False] * 3, top_k.tolist(), top_p.tolist())
+    plan = size_candidates(V, 2, [False] * 3, top_k.tolist(), top_p.tolist())
     c = draft_candidates(logits, temp, top_k, top_p, plan)
     ref = processed_logprobs(logits, temp, top_k, top_p)
     assert c.overflow.tolist() == [True, False, False]
@@ -126,7 +127,7 @@ def test_adversarial_rows():
         assert torch.equal(torch.isfinite(dense[r]), torch.isfinite(ref[r]))
     assert torch.isfinite(ref[1]).sum() == 6  # the ties at the k-th value are kept
     assert torch.isfinite(ref[2]).sum() == 1  # cum 0.25, 0.5 <= 1 - p: both 1/4s dropped
-    dense_plan = plan_candidates(V, 2, [False, False], [4, V], [1.0, 1.0])
+    dense_plan = size_candidates(V, 2, [False, False], [4, V], [1.0, 1.0])
     assert dense_plan.num_candidates is None
     c2 = draft_candidates(logits[:2], temp[:2], torch.tensor([4, V]), None, dense_plan)
     assert c2.token_ids is None
@@ -134,7 +135,7 @@ def test_adversarial_rows():
                                                           torch.tensor([4, V]), None),
                           atol=1e-6)
     # Greedy-only batches need W candidates per beam, k-selection even without top-k.
-    assert plan_candidates(V, 4, [True, True], [0, 0], [1.0, 1.0]).num_candidates == 4
+    assert size_candidates(V, 4, [True, True], [0, 0], [1.0, 1.0]).num_candidates == 4
 
 
 @pytest.mark.parametrize("greedy_rows", [(), (0, 2)])
@@ -147,22 +148,24 @@ def test_beam_step_on_candidates_equals_dense(greedy_rows):
     greedy = is_greedy(temp)
     top_k = torch.tensor([7, 3, 12, 1, 9, 30])
     top_p = torch.tensor([0.9, 1.0, 0.8, 1.0, 0.95, 0.7])
-    plan = plan_candidates(V, W, greedy.tolist(), top_k.tolist(), top_p.tolist())
+    plan = size_candidates(V, W, greedy.tolist(), top_k.tolist(), top_p.tolist())
     seeds = torch.arange(B) * 1000 + 3
     positions = torch.arange(B) + 40
     rep = lambda t: t.repeat_interleave(W)  # noqa: E731
+    keys = NoiseKeys(greedy, seeds, positions)
+    sparse_keys = NoiseKeys(greedy, seeds, positions, any_sampled=True)
 
     c = draft_candidates(torch.randn(B, V, generator=gen), temp, top_k, top_p, plan)
-    sparse = beam_step(c.logprobs[:, None], None, W, greedy, seeds, positions, 1, None,
-                       c.token_ids[:, None], V, any_sampled=True)
-    dense = beam_step(densify(c, V)[:, None], None, W, greedy, seeds, positions, 1)
+    sparse = beam_step(StepCandidates(c.logprobs[:, None], c.token_ids[:, None], V), None, W,
+                       sparse_keys, 1)
+    dense = beam_step(densify(c, V)[:, None], None, W, keys, 1)
     for step in range(2, 5):
         assert_same_live_beams(sparse, dense)
         c = draft_candidates(torch.randn(B * W, V, generator=gen), rep(temp), rep(top_k),
                              rep(top_p), plan)
-        sparse = beam_step(c.logprobs.view(B, W, -1), sparse, W, greedy, seeds, positions, step,
-                           None, c.token_ids.view(B, W, -1), V, any_sampled=True)
-        dense = beam_step(densify(c, V).view(B, W, V), dense, W, greedy, seeds, positions, step)
+        sparse = beam_step(StepCandidates(c.logprobs.view(B, W, -1), c.token_ids.view(B, W, -1),
+                                          V), sparse, W, sparse_keys, step)
+        dense = beam_step(densify(c, V).view(B, W, V), dense, W, keys, step)
     assert_same_live_beams(sparse, dense)
 
 
@@ -185,12 +188,13 @@ def test_extra_token_on_candidates_equals_dense():
     temp[::4] = 0.0
     greedy = is_greedy(temp)
     top_k = torch.randint(1, 20, (B,), generator=gen)
-    plan = plan_candidates(V, 1, greedy.tolist(), top_k.tolist(), [1.0] * B)
+    plan = size_candidates(V, 1, greedy.tolist(), top_k.tolist(), [1.0] * B)
     c = draft_candidates(torch.randn(B, V, generator=gen), temp, top_k, None, plan)
     seeds, positions = torch.arange(B), torch.full((B,), 17)
-    a = extra_tokens_from(c, greedy, seeds, positions, any_sampled=True)
+    a = extra_tokens_from(c, NoiseKeys(greedy, seeds, positions, any_sampled=True))
     assert c.token_ids is not None  # the sparse form
-    b = extra_tokens_from(Candidates(densify(c, V), None, c.overflow), greedy, seeds, positions)
+    b = extra_tokens_from(Candidates(densify(c, V), None, c.overflow),
+                          NoiseKeys(greedy, seeds, positions))
     assert torch.equal(a, b)
 
 
@@ -210,7 +214,7 @@ def test_per_step_functions_never_read_the_device():
     B, W, V, gamma = 3, 4, 1000, 4
     greedy_host = [False, True, False]
     top_k_host = [10, 10, 5]
-    plan = plan_candidates(V, W, greedy_host, top_k_host, [0.9, 1.0, 1.0])
+    plan = size_candidates(V, W, greedy_host, top_k_host, [0.9, 1.0, 1.0])
     temp = torch.empty(B, device=meta)
     top_k = torch.empty(B, dtype=torch.int64, device=meta)
     top_p = torch.empty(B, device=meta)
@@ -219,26 +223,26 @@ def test_per_step_functions_never_read_the_device():
     pos = torch.empty(B, dtype=torch.int64, device=meta)
     rep = lambda t: t.repeat_interleave(W)  # noqa: E731
 
-    layout = BeamKVLayout(torch.empty(B, 16, dtype=torch.int32, device=meta),
-                          torch.empty(B, dtype=torch.int64, device=meta), pos, gamma, W, 16,
-                          4096, 64, B)
+    layout = BeamKVLayout(RequestBlocks(torch.empty(B, 16, dtype=torch.int32, device=meta),
+                                        torch.empty(B, dtype=torch.int64, device=meta), pos),
+                          gamma, W, 16, 4096, 64, B)
+    keys = NoiseKeys(greedy, seeds, pos + 1, any_sampled=True)
     c = draft_candidates(torch.empty(B, V, device=meta), temp, top_k, top_p, plan)
-    state = beam_step(c.logprobs[:, None], None, W, greedy, seeds, pos + 1, 1,
-                      layout.row_beam_width, c.token_ids[:, None], V, any_sampled=True)
+    state = beam_step(StepCandidates(c.logprobs[:, None], c.token_ids[:, None], V), None, W,
+                      keys, 1, layout.row_beam_width)
     for t in range(2, gamma + 1):
         kv = layout.step(state.parents, t)
         assert kv.copy_src.shape == (B * W,) and kv.slot_mapping.shape == (B * W,)
         c = draft_candidates(torch.empty(B * W, V, device=meta), rep(temp), rep(top_k),
                              rep(top_p), plan)
-        state = beam_step(c.logprobs.view(B, W, -1), state, W, greedy, seeds, pos + 1, t,
-                          layout.row_beam_width, c.token_ids.view(B, W, -1), V,
-                          any_sampled=True)
+        state = beam_step(StepCandidates(c.logprobs.view(B, W, -1), c.token_ids.view(B, W, -1),
+                                         V), state, W, keys, t, layout.row_beam_width)
     assert state.tokens.shape == (B, W, gamma)
     out = mtad_accept(state.tokens[:, 0], state.token_logprobs[:, 0],
                       torch.empty(B, gamma + 1, V, device=meta), torch.empty(B, device=meta),
-                      greedy, greedy, seeds, pos, num_drafts=torch.empty(B, device=meta),
-                      bonus_token_ids=torch.empty(B, dtype=torch.int64, device=meta),
-                      any_sampled=True)
+                      greedy, NoiseKeys(greedy, seeds, pos, any_sampled=True),
+                      bonus=Bonus(torch.empty(B, device=meta),
+                                  torch.empty(B, dtype=torch.int64, device=meta)))
     assert out.output_token_ids.shape == (B, gamma + 1)
     # And the check can fail: a host read on meta raises.
     with pytest.raises(Exception):

@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_mtad.core import policy
-from vllm_mtad.core.policy import (AcceptanceStats, Batch, Bounds, CostModel, LinearCost,
-                                   choose, expected_tokens)
+from dataclasses import replace
+
+from vllm_mtad import policy
+from vllm_mtad.policy import (AcceptanceStats, Batch, Bounds, CostModel, LinearCost, RowDemand,
+                              Tuning, choose, expected_tokens)
 
 pytestmark = pytest.mark.unit
+
+
+def from_step(classes, scheduled_tokens, verified_drafts, catch_up_tokens=0,
+              remaining_tokens=None, tokens_left=None, horizon=0, prompt_tokens=None,
+              max_tokens=None, catch_up_arrival_tokens=0):
+    """Batch.from_step with the rows' demand given field by field; ``remaining_tokens``: a
+    synthetic mean of the tokens left, where ``tokens_left`` does not give one."""
+    demand = RowDemand(list(classes), tokens_left or [], prompt_tokens or [], max_tokens or [],
+                       catch_up_tokens, catch_up_arrival_tokens)
+    batch = Batch.from_step(demand, scheduled_tokens, verified_drafts, horizon)
+    if remaining_tokens is not None and not tokens_left:
+        batch = replace(batch, remaining_tokens=remaining_tokens)
+    return batch
 
 
 def fitted(intercept, slope, sizes, samples=40, prefill_slope=None):
@@ -160,19 +175,19 @@ def test_the_controller_counts_each_drafts_prefixes_by_length_and_verified_draft
     import torch
 
     from vllm_mtad.config import MTADConfig
-    from vllm_mtad.speculation import SpeculationController
+    from vllm_mtad.policy.controller import SpeculationController
 
     spec = SpeculationController(MTADConfig(4, 4, speculation_policy="adaptive"),
                                  torch.device("cpu"))
     spec.record_acceptance(["sampled", "sampled", "joint"], [1, 1, 2], torch.tensor([3, 1, 0]),
                            torch.tensor([[0, 2, 2], [1, 1, 1], [0, 0, 0]]))
-    spec._read_acceptance()
+    spec.histogram.read_into(spec.stats)
     s = spec.stats["sampled"]
     assert s.drafted[0] == [2.0, 1.0, 1.0, 0.0]  # W=1, lengths 1..4
     assert s.passed[0][0] == [1.0]  # of the two 1-token drafts, one accepted
     assert s.passed[0][1] == [1.0, 1.0] and s.passed[0][2] == [1.0, 1.0, 0.0]
     assert s.drafts == 2 and spec.stats["joint"].drafts == 0
-    assert spec.verified() == (2, 3)
+    assert spec.histogram.verified() == (2, 3)
 
 
 def test_drafts_read_together_weigh_the_same_whatever_their_order():
@@ -196,7 +211,7 @@ def test_drafts_read_together_weigh_the_same_whatever_their_order():
     import torch
 
     from vllm_mtad.config import MTADConfig
-    from vllm_mtad.speculation import SpeculationController
+    from vllm_mtad.policy.controller import SpeculationController
 
     spec = SpeculationController(MTADConfig(4, 4, speculation_policy="adaptive"),
                                  torch.device("cpu"))
@@ -206,7 +221,7 @@ def test_drafts_read_together_weigh_the_same_whatever_their_order():
         prefixes = torch.tensor(part)[:, None].clamp(max=torch.arange(1, 5)[None, :])
         spec.record_acceptance(["sampled"] * len(part), [1] * len(part),
                                torch.full((len(part),), 4), prefixes)
-    spec._read_acceptance()
+    spec.histogram.read_into(spec.stats)
     assert spec.stats["sampled"].expected_accepted(1, 4) == pytest.approx(est[0], abs=1e-9)
     random.Random(0).shuffle(draws)
     one_by_one = AcceptanceStats(beam_width=4, max_tokens=4)
@@ -239,7 +254,7 @@ def test_free_beam_rows_choose_full_width_costly_rows_choose_one():
     assert (costly.beam_width - 1) * (costly.num_tokens - 1) == 0
     assert costly.goodput < free.goodput  # same statistics, dearer rows
     # Point estimates (confidence 0) choose one beam here.
-    point = choose(batch, costs(beam=(0.01, 0.001)), stats, b, step=1, confidence=0.0)
+    point = choose(batch, costs(beam=(0.01, 0.001)), stats, b, step=1, tuning=Tuning(confidence=0.0))
     assert point.beam_width == 1 and point.num_tokens >= 1
 
 
@@ -257,7 +272,7 @@ def test_an_arm_measured_on_a_few_lucky_drafts_does_not_displace_a_measured_one(
     assert 0 < gap(4) < gap(1) / 3  # the penalty shrinks with the drafts seen
     batch = Batch({"sampled": 1}, first_pass_tokens=5)
     c = costs(beam=(0.01, 0.0))
-    assert choose(batch, c, stats, b, step=1, confidence=0.0).beam_width == 1
+    assert choose(batch, c, stats, b, step=1, tuning=Tuning(confidence=0.0)).beam_width == 1
     assert choose(batch, c, stats, b, step=1).beam_width == 4
     # A lead measured on as many drafts as W=4's is taken.
     s.record_batch(1, [(4, 4, 300), (4, 3, 100)])
@@ -301,15 +316,15 @@ def test_exploration_cycles_other_arms_on_its_period():
     stats = stats_with({1: 0.75, 4: 0.85})
     batch = Batch({"sampled": 16}, first_pass_tokens=64)
     c = costs(beam=(0.01, 0.0))
-    best = choose(batch, c, stats, b, step=1, explore_period=16)
+    best = choose(batch, c, stats, b, step=1, tuning=Tuning(explore_period=16))
     # Not drafting has not been measured at 16 rows: exploration measures it first, until
     # three steps have (see test_a_measured_step_without_a_draft_corrects_...).
     for _ in range(3):
-        assert choose(batch, c, stats, b, step=16, explore_period=16).num_tokens == 0
+        assert choose(batch, c, stats, b, step=16, tuning=Tuning(explore_period=16)).num_tokens == 0
         c.no_draft_ratio(16).add(1.0, 1.0)
     seen = set()
     for step in range(16, 16 * 13, 16):  # the cycle's arms: every other exploration turn
-        plan = choose(batch, c, stats, b, step=step, explore_period=16)
+        plan = choose(batch, c, stats, b, step=step, tuning=Tuning(explore_period=16))
         assert plan.explore and (plan.beam_width, plan.num_tokens) != (best.beam_width,
                                                                        best.num_tokens)
         seen.add((plan.beam_width, plan.num_tokens))
@@ -317,10 +332,10 @@ def test_exploration_cycles_other_arms_on_its_period():
     # The shortest draft is explored too, so the verify line is measured at sizes the long
     # drafts never reach, and a step without a draft, so its price is measured (no_draft).
     assert any(g == 1 for _, g in seen) and (1, 0) in seen
-    assert not choose(batch, c, stats, b, step=17, explore_period=16).explore
+    assert not choose(batch, c, stats, b, step=17, tuning=Tuning(explore_period=16)).explore
     # Where the bounds forbid steps without a draft, exploration does not skip either.
     b1 = Bounds(beam_width=4, max_tokens=4, min_tokens=1)
-    assert all(choose(batch, c, stats, b1, step=s, explore_period=16).num_tokens > 0
+    assert all(choose(batch, c, stats, b1, step=s, tuning=Tuning(explore_period=16)).num_tokens > 0
                for s in range(16, 16 * 9, 16))
 
 
@@ -334,7 +349,7 @@ def test_exploration_reaches_the_shortest_drafting_arm(rows, min_tokens):
         c.no_draft_ratio(16).add(1.0, 1.0)
     assert choose(Batch(rows), c, stats, b, step=1).num_tokens == 4  # the best: full drafts
     seen = {(p.beam_width, p.num_tokens) for p in
-            (choose(Batch(rows), c, stats, b, step=s, explore_period=16)
+            (choose(Batch(rows), c, stats, b, step=s, tuning=Tuning(explore_period=16))
              for s in range(16, 16 * 9, 16))}
     assert min(g for _, g in seen if g > 0) == max(min_tokens, 1)
     assert (min(g for _, g in seen) == 0) == (min_tokens == 0)
@@ -348,7 +363,7 @@ def test_a_step_is_priced_by_its_prefill_not_by_the_drafts_it_verifies():
     # again as "other" tokens (they were, and a step without drafting was priced as one
     # verifying 80 tokens; measured on the real pair, T=0 exact, batch 13: 0.32 s predicted
     # for γ=0 where the engine's own verify line gave 0.14 s).
-    batch = Batch.from_step(["exact"] * 16, scheduled_tokens=80, verified_drafts=64)
+    batch = from_step(["exact"] * 16, scheduled_tokens=80, verified_drafts=64)
     assert batch.size == 16 and batch.other_tokens == 0
     c = costs()
     assert c.step_time(batch, 1, 0) == pytest.approx(c.rest.predict(16) + c.verify.predict(16))
@@ -358,7 +373,7 @@ def test_a_step_is_priced_by_its_prefill_not_by_the_drafts_it_verifies():
         c.verify.predict(80) - c.verify.predict(16) + c.first_pass.predict(80)
         + 3 * c.beam_step.predict(16))
     # A prefill chunk of 100 tokens beside them is verified by every arm alike.
-    mixed = Batch.from_step(["sampled"] * 3 + ["joint"], scheduled_tokens=4 + 12 + 100,
+    mixed = from_step(["sampled"] * 3 + ["joint"], scheduled_tokens=4 + 12 + 100,
                             verified_drafts=12)
     assert mixed.rows == {"sampled": 3, "joint": 1} and mixed.other_tokens == 100
     # Linear verification (a CPU at batch 16: 3.5 ms per verified token) and drafts of ~3
@@ -403,9 +418,9 @@ def test_the_drafts_reading_of_prompts_is_priced_per_output_token():
     real = costs(verify=(0.068, 0.0034), first=(0.03, 0.0009), beam=(0.025, 0.0016),
                  rest=(0.001, 0.0))
     rows = dict(prompt_tokens=[150] * 16, max_tokens=[48] * 16)  # as the policy grid (benchmarks.speed --preset grid)
-    decode = Batch.from_step(["exact"] * 16, scheduled_tokens=80, verified_drafts=64,
+    decode = from_step(["exact"] * 16, scheduled_tokens=80, verified_drafts=64,
                              tokens_left=[40] * 16, **rows)
-    prefill = Batch.from_step(["exact"] * 16, scheduled_tokens=2400, verified_drafts=0,
+    prefill = from_step(["exact"] * 16, scheduled_tokens=2400, verified_drafts=0,
                               tokens_left=[48] * 16, **rows)
     assert prefill.other_tokens == 2384 and prefill.first_pass_tokens == 2400
     assert decode.prompt_per_token == pytest.approx(150 / 48)
@@ -422,16 +437,16 @@ def test_the_drafts_reading_of_prompts_is_priced_per_output_token():
     assert choose(prefill, real, stats, b, step=1).num_tokens == 0
     assert choose(decode, real, stats, b, step=1).num_tokens == 0  # not worth it here at all
     # Batch 1, a 150-token prompt and 200 tokens to go: drafting from the prefill step on pays.
-    single = Batch.from_step(["exact"], scheduled_tokens=150, verified_drafts=0,
+    single = from_step(["exact"], scheduled_tokens=150, verified_drafts=0,
                              tokens_left=[200], prompt_tokens=[150], max_tokens=[200])
     assert choose(single, real, stats, b, step=1).num_tokens == 4
     # A 6000-token prompt for 50 tokens: reading it into the draft (5.4 s) costs more than
     # drafting 50 tokens saves.
-    long_prompt = Batch.from_step(["exact"], scheduled_tokens=6000, verified_drafts=0,
+    long_prompt = from_step(["exact"], scheduled_tokens=6000, verified_drafts=0,
                                   tokens_left=[50], prompt_tokens=[6000], max_tokens=[50])
     assert choose(long_prompt, real, stats, b, step=1).num_tokens == 0
     # With one token to go, drafting buys nothing.
-    last = Batch.from_step(["exact"], scheduled_tokens=150, verified_drafts=0, tokens_left=[1],
+    last = from_step(["exact"], scheduled_tokens=150, verified_drafts=0, tokens_left=[1],
                            horizon=4, prompt_tokens=[150], max_tokens=[200])
     assert choose(last, real, stats, b, step=1).num_tokens == 0
 
@@ -447,9 +462,9 @@ def test_prompts_arriving_one_by_one_are_priced_as_a_rate_not_per_arrival():
     real = costs(verify=(0.0927, 0.00817, 0.00652), first=(0.0392, 0.00202, 0.00199),
                  beam=(0.0436, 0.00249), rest=(0.0008, 0.00011))
     step_rows = dict(tokens_left=[40, 30, 20, 10], horizon=4)
-    none = Batch.from_step(["joint"] * 4, 20, 16, **step_rows)
+    none = from_step(["joint"] * 4, 20, 16, **step_rows)
     assert choose(none, real, stats, b, step=1).num_tokens == 4
-    served = Batch.from_step(["joint"] * 4, 20, 16, prompt_tokens=[104] * 4,
+    served = from_step(["joint"] * 4, 20, 16, prompt_tokens=[104] * 4,
                              max_tokens=[48] * 4, **step_rows)
     g0 = policy.goodput(served, real, stats, 1, 0)
     g4 = policy.goodput(served, real, stats, 1, 4)
@@ -461,18 +476,18 @@ def test_prompts_arriving_one_by_one_are_priced_as_a_rate_not_per_arrival():
     assert real.prompt_time(served, expected_tokens(served, stats, 1, 4)) == pytest.approx(
         0.00199 * 104 / 48 * expected_tokens(served, stats, 1, 4), rel=0.02)
     # Long outputs (512 tokens) spread the same prompts thin: drafting pays again.
-    long_out = Batch.from_step(["joint"] * 4, 20, 16, prompt_tokens=[104] * 4,
+    long_out = from_step(["joint"] * 4, 20, 16, prompt_tokens=[104] * 4,
                                max_tokens=[512] * 4, **step_rows)
     assert policy.goodput(long_out, real, stats, 1, 4) > 1.2 * g0
     # An arriving prompt caught up (a prefix-cache hit after steps without drafting) is
     # priced by the same rate, not again as a debt; skipped decode tokens are a debt, and so
     # is the prompt of a request that arrived in a step without drafting.
-    caught = Batch.from_step(["joint"] * 4, 20, 16, catch_up_tokens=104 + 8,
+    caught = from_step(["joint"] * 4, 20, 16, catch_up_tokens=104 + 8,
                              catch_up_arrival_tokens=104, prompt_tokens=[104] * 4,
                              max_tokens=[48] * 4, **step_rows)
     intercept, _, per_token = real.first_pass.coefficients()
     assert real.owed_time(caught) == pytest.approx(intercept + 8 * per_token)
-    earlier = Batch.from_step(["joint"] * 4, 20, 16, catch_up_tokens=104 + 8,
+    earlier = from_step(["joint"] * 4, 20, 16, catch_up_tokens=104 + 8,
                               prompt_tokens=[104] * 4, max_tokens=[48] * 4, **step_rows)
     assert real.owed_time(earlier) == pytest.approx(intercept + 112 * per_token)
 
@@ -493,15 +508,15 @@ def test_switching_to_drafting_pays_the_prompts_the_batch_never_read():
                  beam=(0.0377, 0.003), rest=(0.0012, 0.0))
     rows = dict(tokens_left=[37] * 16, prompt_tokens=[150] * 16, max_tokens=[48] * 16,
                 horizon=4)
-    arrived_earlier = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=1613, **rows)
+    arrived_earlier = from_step(["sampled"] * 16, 16, 0, catch_up_tokens=1613, **rows)
     assert choose(arrived_earlier, real, stats, b, step=1).num_tokens == 0
     # The same debt priced as if those prompts were arrivals (the rate alone) is what chose
     # to switch.
-    as_rate = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=1613,
+    as_rate = from_step(["sampled"] * 16, 16, 0, catch_up_tokens=1613,
                               catch_up_arrival_tokens=1460, **rows)
     assert choose(as_rate, real, stats, b, step=1).num_tokens > 0
     # Owing only a few skipped decode tokens, and with long to run, drafting stays on.
-    current = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=16,
+    current = from_step(["sampled"] * 16, 16, 0, catch_up_tokens=16,
                               **(rows | dict(tokens_left=[400] * 16, max_tokens=[512] * 16)))
     assert choose(current, real, stats, b, step=1).num_tokens > 0
 
@@ -513,9 +528,9 @@ def test_catch_up_is_charged_over_the_steps_it_buys():
     b = Bounds(beam_width=4, max_tokens=4)
     stats = stats_with({1: 0.95, 4: 0.95})
     c = costs(verify=(0.1, 0.0005), first=(0.03, 0.0009), beam=(0.02, 0.0), rest=(0.001, 0.0))
-    long_run = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=2400,
+    long_run = from_step(["sampled"] * 16, 16, 0, catch_up_tokens=2400,
                                remaining_tokens=1000)
-    ending = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=2400, remaining_tokens=3)
+    ending = from_step(["sampled"] * 16, 16, 0, catch_up_tokens=2400, remaining_tokens=3)
     assert choose(long_run, c, stats, b, step=1).num_tokens == 4
     assert choose(ending, c, stats, b, step=1).num_tokens == 0
     # Charged in full, the same catch-up makes drafting this step a loss.
@@ -531,22 +546,22 @@ def test_exploration_does_not_pay_a_catch_up_dearer_than_a_step():
     b = Bounds(beam_width=4, max_tokens=4)
     stats = stats_with({1: 0.3, 4: 0.3})
     c = costs(verify=(0.05, 0.003), first=(0.03, 0.0009), beam=(0.03, 0.002))
-    owes = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=2400, remaining_tokens=40)
+    owes = from_step(["sampled"] * 16, 16, 0, catch_up_tokens=2400, remaining_tokens=40)
     assert choose(owes, c, stats, b, step=1).num_tokens == 0
-    plans = [choose(owes, c, stats, b, step=s, explore_period=16) for s in range(16, 160, 16)]
+    plans = [choose(owes, c, stats, b, step=s, tuning=Tuning(explore_period=16)) for s in range(16, 160, 16)]
     assert all(p.num_tokens == 0 and not p.explore for p in plans)
     # The same when what it owes is arriving requests' prompts (priced as a rate in the
     # choice, read in full by an exploration step).
-    prompts = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=2400,
+    prompts = from_step(["sampled"] * 16, 16, 0, catch_up_tokens=2400,
                               catch_up_arrival_tokens=2400, tokens_left=[40] * 16,
                               prompt_tokens=[150] * 16, max_tokens=[48] * 16)
     assert c.owed_time(prompts) < c.reading_time(prompts)
-    plans = [choose(prompts, c, stats, b, step=s, explore_period=16)
+    plans = [choose(prompts, c, stats, b, step=s, tuning=Tuning(explore_period=16))
              for s in range(16, 160, 16)]
     assert all(p.num_tokens == 0 and not p.explore for p in plans)
     # Owing a token a row, the drafting arms are explored again.
-    small = Batch.from_step(["sampled"] * 16, 16, 0, catch_up_tokens=16, remaining_tokens=40)
-    plans = [choose(small, c, stats, b, step=s, explore_period=16) for s in range(16, 160, 16)]
+    small = from_step(["sampled"] * 16, 16, 0, catch_up_tokens=16, remaining_tokens=40)
+    plans = [choose(small, c, stats, b, step=s, tuning=Tuning(explore_period=16)) for s in range(16, 160, 16)]
     assert any(p.explore and p.num_tokens > 0 for p in plans)
 
 
@@ -598,8 +613,8 @@ def test_a_stalled_step_moves_the_line_a_little():
 
 def test_rows_about_to_finish_gain_at_most_their_tokens_left():
     stats = stats_with({1: 0.9, 4: 0.9})
-    full = Batch.from_step(["sampled"] * 2, 2, 0, tokens_left=[100, 100], horizon=4)
-    ending = Batch.from_step(["sampled"] * 2, 2, 0, tokens_left=[100, 2], horizon=4)
+    full = from_step(["sampled"] * 2, 2, 0, tokens_left=[100, 100], horizon=4)
+    ending = from_step(["sampled"] * 2, 2, 0, tokens_left=[100, 2], horizon=4)
     assert ending.short == ((("sampled", 2), 1),) and ending.remaining_tokens == 51
     row = expected_tokens(Batch({"sampled": 1}), stats, 4, 4)
     assert expected_tokens(full, stats, 4, 4) == pytest.approx(2 * row)
@@ -607,16 +622,16 @@ def test_rows_about_to_finish_gain_at_most_their_tokens_left():
     one = expected_tokens(Batch({"sampled": 1}), stats, 4, 1)
     assert expected_tokens(ending, stats, 4, 4) == pytest.approx(row + one)
     # Every row on its last token: drafting buys nothing.
-    last = Batch.from_step(["sampled"] * 4, 4, 0, tokens_left=[1] * 4, horizon=4)
+    last = from_step(["sampled"] * 4, 4, 0, tokens_left=[1] * 4, horizon=4)
     assert expected_tokens(last, stats, 4, 4) == 4.0
     assert choose(last, costs(), stats, Bounds(4, 4), step=1).num_tokens == 0
     # Nor does exploring it: an exploration step there would pay the draft and learn nothing.
-    plans = [choose(last, costs(), stats, Bounds(4, 4), step=s, explore_period=16)
+    plans = [choose(last, costs(), stats, Bounds(4, 4), step=s, tuning=Tuning(explore_period=16))
              for s in range(16, 16 * 9, 16)]
     assert all(p.num_tokens == 0 and not p.explore for p in plans)
     # A batch with one row still running explores as before.
-    mixed = Batch.from_step(["sampled"] * 4, 4, 0, tokens_left=[1, 1, 1, 40], horizon=4)
-    assert any(choose(mixed, costs(), stats, Bounds(4, 4), step=s, explore_period=16).explore
+    mixed = from_step(["sampled"] * 4, 4, 0, tokens_left=[1, 1, 1, 40], horizon=4)
+    assert any(choose(mixed, costs(), stats, Bounds(4, 4), step=s, tuning=Tuning(explore_period=16)).explore
                for s in range(16, 16 * 9, 16))
 
 
@@ -637,7 +652,7 @@ def test_a_measured_step_without_a_draft_corrects_its_extrapolated_price():
     assert choose(batch, c, stats, b, step=1).num_tokens > 0
     # Exploration steps measure the step without a draft first, until three have at this
     # batch size.
-    plan = choose(batch, c, stats, b, step=16, explore_period=16)
+    plan = choose(batch, c, stats, b, step=16, tuning=Tuning(explore_period=16))
     assert plan.explore and plan.num_tokens == 0
     # ... while a step without a draft takes 0.06 s, not the 0.092 s the line says.
     for _ in range(3):
@@ -769,7 +784,7 @@ def test_the_optimistic_turn_explores_only_an_arm_that_may_be_better():
 
 def _with_budget(batch, c, stats, bounds, steps):
     """``steps`` choices with the controller's ExplorationBudget: (plans, the budget)."""
-    from vllm_mtad.core.policy import ExplorationBudget
+    from vllm_mtad.policy import ExplorationBudget
 
     budget, plans = ExplorationBudget(), []
     for s in range(1, steps + 1):
@@ -783,13 +798,13 @@ def test_exploration_spends_at_most_its_share_of_the_time():
     costs a drafting step and the catch-up: the ExplorationBudget lets it through only as
     often as EXPLORE_SHARE of the time pays for it, and the exploration still happens. Where
     the best arm drafts and another arm costs about as much, exploration keeps its period."""
-    from vllm_mtad.core.policy import EXPLORE_SHARE, exploration_cost
+    from vllm_mtad.policy import EXPLORE_SHARE, exploration_cost
 
     b = Bounds(beam_width=4, max_tokens=4)
     stats = stats_with({1: 0.55, 4: 0.55})
     c = costs(verify=(0.05, 0.003), first=(0.03, 0.0009), beam=(0.03, 0.002))
     # Batch 4 skipping drafts, owing 60 tokens (15 steps of 4 rows) and an arrival's prompt.
-    owes = Batch.from_step(["sampled"] * 4, 4, 0, catch_up_tokens=200, remaining_tokens=40)
+    owes = from_step(["sampled"] * 4, 4, 0, catch_up_tokens=200, remaining_tokens=40)
     best = choose(owes, c, stats, b, step=1)
     assert best.num_tokens == 0 and not best.explore and best.seconds > 0
     unlimited = [choose(owes, c, stats, b, step=s) for s in range(1, 1601)]
@@ -819,7 +834,7 @@ def test_an_exploration_dearer_than_the_budget_drafts_the_best_arm():
     b = Bounds(beam_width=4, max_tokens=4)
     stats = stats_with({1: 0.55, 4: 0.55})
     c = costs(verify=(0.05, 0.003), first=(0.03, 0.0009), beam=(0.03, 0.002))
-    owes = Batch.from_step(["sampled"] * 4, 4, 0, catch_up_tokens=200, remaining_tokens=40)
+    owes = from_step(["sampled"] * 4, 4, 0, catch_up_tokens=200, remaining_tokens=40)
     best = choose(owes, c, stats, b, step=1)
     step = next(s for s in range(16, 400, 16)
                 if choose(owes, c, stats, b, step=s).num_tokens > 0)

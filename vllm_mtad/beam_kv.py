@@ -69,35 +69,44 @@ class BeamStepKV:
     num_copies: torch.Tensor
 
 
+@dataclass(frozen=True)
+class RequestBlocks:
+    """The batch's requests on the paged cache, as a draft round starts."""
+
+    # [B, C] int: block ids of each request (columns past num_blocks are unused).
+    block_table: torch.Tensor
+    # [B] int: blocks each request owns (valid columns).
+    num_blocks: torch.Tensor
+    # [B] int64: p, the position of the bonus token (the last one whose draft KV exists).
+    bonus_positions: torch.Tensor
+
+
 class BeamKVLayout:
     """Plans the beams' KV for one draft round of a batch.
 
     Args:
-        block_table: [B, C] int block ids of each request (columns past num_blocks are unused).
-        num_blocks: [B] int, blocks each request owns (valid columns).
-        bonus_positions: [B] int64, p.
+        requests: the requests' block tables, block counts and bonus positions p.
         gamma: draft length; beam_width: W; block_size: bs; max_model_len: positions at or
             beyond it are never written.
         scratch_base: first draft-only block id; scratch_rows: batch rows with scratch room
             (row b's beam w >= 1 owns blocks scratch_base + ((b·(W-1) + w-1)·tail_blocks + i)).
     """
 
-    def __init__(self, block_table: torch.Tensor, num_blocks: torch.Tensor,
-                 bonus_positions: torch.Tensor, gamma: int, beam_width: int, block_size: int,
+    def __init__(self, requests: RequestBlocks, gamma: int, beam_width: int, block_size: int,
                  max_model_len: int, scratch_base: int, scratch_rows: int):
-        B, C = block_table.shape
+        B, C = requests.block_table.shape
         W, bs = beam_width, block_size
         self.B, self.C, self.W, self.bs, self.gamma = B, C, W, bs, gamma
         self.max_model_len = max_model_len
-        dev = block_table.device
-        self.block_table = block_table.to(torch.int64)
-        self.p = bonus_positions.to(torch.int64)
-        num_blocks = num_blocks.to(torch.int64).to(dev)
+        dev = requests.block_table.device
+        self.block_table = requests.block_table.to(torch.int64)
+        self.bonus_pos = requests.bonus_positions.to(torch.int64)
+        num_blocks = requests.num_blocks.to(torch.int64).to(dev)
         self.num_blocks = num_blocks
         # [B] first tail column (a row already at max_model_len, drafted for with the rest of
         # its batch but never verified, keeps the table's last column: it writes nothing).
-        self.j0 = ((self.p + 1) // bs).clamp(max=C - 1)
-        c_last = (self.p + max(gamma - 1, 1)) // bs  # [B] last tail column
+        self.j0 = ((self.bonus_pos + 1) // bs).clamp(max=C - 1)
+        c_last = (self.bonus_pos + max(gamma - 1, 1)) // bs  # [B] last tail column
         self.nb = c_last - self.j0 + 1  # [B] tail columns per beam
         self.nb_max = tail_blocks(gamma, bs)
         rows = torch.arange(B, device=dev)
@@ -126,7 +135,7 @@ class BeamKVLayout:
         """
         B, W, bs = self.B, self.W, self.bs
         assert parents.shape == (B, W) and 2 <= t <= self.gamma
-        wpos = self.p + t - 1  # [B] position written at this step
+        wpos = self.bonus_pos + t - 1  # [B] position written at this step
         i_cur = (wpos // bs - self.j0).clamp(0, self.nb_max - 1)  # [B] tail column index
         idx = i_cur[:, None, None].expand(B, W, 1)
 
@@ -169,8 +178,7 @@ class BeamKVLayout:
                           num_copies=need_copy.sum())
 
 
-def chain_step_kv(block_table: torch.Tensor, num_blocks: torch.Tensor,
-                  bonus_positions: torch.Tensor, t: int, block_size: int,
+def chain_step_kv(requests: RequestBlocks, t: int, block_size: int,
                   max_model_len: int) -> BeamStepKV:
     """KV plan for draft step t (>= 2) of one beam per row, the request's own chain: what
     ``BeamKVLayout(..., beam_width=1).step`` plans, without its tail bookkeeping. The beam
@@ -178,12 +186,12 @@ def chain_step_kv(block_table: torch.Tensor, num_blocks: torch.Tensor,
     so the table is the request's and nothing is copied.
 
     Args:
-        block_table: [B, C] int block ids; num_blocks: [B] int, valid columns;
-        bonus_positions: [B] int64, p.
+        requests: the requests' block tables, block counts and bonus positions p.
     """
+    block_table, num_blocks = requests.block_table, requests.num_blocks
     B, C = block_table.shape
     bs = block_size
-    wpos = bonus_positions.to(torch.int64) + t - 1  # [B] position written at this step
+    wpos = requests.bonus_positions.to(torch.int64) + t - 1  # [B] position written at this step
     col = (wpos // bs).clamp(max=C - 1)
     writable = (wpos < max_model_len) & (wpos // bs < num_blocks.to(wpos.device))
     block = block_table.gather(1, col[:, None])[:, 0].to(torch.int64)

@@ -26,7 +26,7 @@ class MTADConfig:
     speculation_policy: "adaptive" (the default: each step picks W in [min_beam_width,
         beam_width] and γ in [min_speculative_tokens, num_speculative_tokens] for the best
         expected tokens per second, from this engine's measured step costs and acceptance;
-        vllm_mtad.core.policy) or "fixed" (every step drafts num_speculative_tokens with
+        vllm_mtad.policy) or "fixed" (every step drafts num_speculative_tokens with
         beam_width beams: a seeded request's output then does not depend on the load).
     min_beam_width: the fewest beams the adaptive policy may use (1..beam_width).
     min_speculative_tokens: the shortest draft the adaptive policy may choose

@@ -9,7 +9,7 @@ scheduler never sees and the target's layers do not have:
 - ``S = R · (W-1) · tail_blocks(γ, block_size)`` (vllm_mtad.beam_kv.scratch_blocks): each of
   the first ``R`` batch rows of a draft step owns a fixed range, so no allocation happens per
   step; the rows past ``R`` draft one beam that step (narrower or shorter rounds fit more rows,
-  vllm_mtad.proposer.scratch_rows);
+  :func:`scratch_rows`);
 - ``R`` is ``max_num_seqs`` where the tails of that many rows take at most ``beam_kv_fraction``
   (f) of the KV cache memory, and otherwise as many rows as f of it holds. The worker reports
   ``min(bytes of max_num_seqs rows, f · available)`` less memory for the KV cache *before* vLLM
@@ -36,13 +36,23 @@ import torch
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
 from vllm_mtad.beam_kv import scratch_blocks, tail_blocks
+from vllm_mtad.config import MTADConfig
 from vllm_mtad.log import get_logger
 
 logger = get_logger(__name__)
 
 
+@dataclass(frozen=True)
+class DraftLayers:
+    """What the scratch is sized for: the draft's attention layers and the MTAD settings
+    (the drafter hands them over: vllm_mtad.proposer.draft_layers_of)."""
+
+    names: list[str]
+    cfg: MTADConfig
+
+
 @dataclass
-class ScratchPlan:
+class DraftScratch:
     draft_layers: list[str]
     blocks: int  # S
     rows: int  # batch rows with room (R <= max_num_seqs)
@@ -54,19 +64,17 @@ class ScratchPlan:
     base: int | None = None  # first scratch block id = the pool's num_blocks, once allocated
 
 
-def plan_for(runner, specs=None, pool_blocks: int | None = None) -> ScratchPlan | None:
-    """The scratch an MTAD runner needs (None for other runners, or when W = 1 or γ = 1):
-    ``max_num_seqs`` rows, or, given the pool's block count, the rows that
+def scratch_for(runner, draft: DraftLayers | None, specs=None,
+                pool_blocks: int | None = None) -> DraftScratch | None:
+    """The scratch an MTAD runner's ``draft`` needs (None without one, or when W = 1 or
+    γ = 1): ``max_num_seqs`` rows, or, given the pool's block count, the rows that
     ``beam_kv_fraction`` allows beside it. ``specs``: the runner's ``get_kv_cache_spec()``,
     when the caller has it already."""
-    from vllm_mtad.proposer import MTADProposer
-
-    drafter = getattr(runner, "drafter", None)
-    if not isinstance(drafter, MTADProposer):
+    if draft is None:
         return None
-    cfg = drafter.mtad
+    cfg = draft.cfg
     rows = runner.scheduler_config.max_num_seqs
-    layers = sorted(drafter._draft_attn_layer_names)
+    layers = sorted(draft.names)
     specs = runner.get_kv_cache_spec() if specs is None else specs
     block_size = specs[layers[0]].block_size  # the draft's, as the proposer lays tails out
     per_row = scratch_blocks(1, cfg.num_speculative_tokens, cfg.beam_width, block_size)
@@ -83,18 +91,18 @@ def plan_for(runner, specs=None, pool_blocks: int | None = None) -> ScratchPlan 
                 "every request drafts one beam. Raise 'beam_kv_fraction' or the KV cache.", f)
             return None
         rows = min(rows, fit)
-    return ScratchPlan(layers, rows * per_row, rows, rows * per_row * page_bytes,
+    return DraftScratch(layers, rows * per_row, rows, rows * per_row * page_bytes,
                        cfg.beam_width, tail_blocks(cfg.num_speculative_tokens, block_size),
                        runner.scheduler_config.max_num_seqs, f)
 
 
-def reserve(runner, available: int) -> int:
-    """The memory left for vLLM's KV pool once the scratch is set aside (the worker's
-    ``determine_available_memory``): the tails of ``max_num_seqs`` rows, at most
+def reserve(runner, available: int, draft: DraftLayers | None) -> int:
+    """The memory left for vLLM's KV pool once the scratch ``draft`` needs is set aside (the
+    worker's ``determine_available_memory``): the tails of ``max_num_seqs`` rows, at most
     ``beam_kv_fraction`` of ``available``."""
     specs = runner.get_kv_cache_spec()
-    plan = plan_for(runner, specs)
-    if plan is None:
+    scratch = scratch_for(runner, draft, specs)
+    if scratch is None:
         return available
     if runner.vllm_config.kv_transfer_config is not None:
         raise ValueError(
@@ -107,16 +115,16 @@ def reserve(runner, available: int) -> int:
             f"MTAD keeps the beams' private KV tails in draft-only blocks and needs a "
             f"layer-outermost KV cache layout; this engine resolved {layout.name}. Set "
             "VLLM_KV_CACHE_LAYOUT to LBHNC or LBNHC (or use beam_width 1).")
-    f = runner.drafter.mtad.beam_kv_fraction
-    held = min(plan.bytes, int(f * available))
-    row_bytes = plan.bytes // plan.rows
+    f = draft.cfg.beam_kv_fraction
+    held = min(scratch.bytes, int(f * available))
+    row_bytes = scratch.bytes // scratch.rows
     if held < row_bytes:
         raise ValueError(
             f"MTAD's draft-only KV room for the beams: beam_kv_fraction {f} of the "
             f"{available / 2**20:.2f} MiB available for the KV cache ({held / 2**20:.2f} MiB) "
             f"holds the beam tails of no request ({row_bytes / 2**20:.2f} MiB each: "
-            f"(beam_width {plan.beam_width} - 1) x {plan.tail_blocks} blocks in "
-            f"{len(plan.draft_layers)} draft layers). Raise 'beam_kv_fraction', give the KV "
+            f"(beam_width {scratch.beam_width} - 1) x {scratch.tail_blocks} blocks in "
+            f"{len(scratch.draft_layers)} draft layers). Raise 'beam_kv_fraction', give the KV "
             "cache more memory, or lower 'beam_width'.")
     left = available - held
     block_bytes = sum(spec.page_size_bytes for spec in specs.values())
@@ -125,8 +133,8 @@ def reserve(runner, available: int) -> int:
     if left < need:
         raise ValueError(
             f"MTAD's draft-only KV room for the beams ({held / 2**20:.2f} MiB: up to "
-            f"max_num_seqs {plan.rows} x (beam_width {plan.beam_width} - 1) x "
-            f"{plan.tail_blocks} blocks in {len(plan.draft_layers)} draft layers, at most "
+            f"max_num_seqs {scratch.rows} x (beam_width {scratch.beam_width} - 1) x "
+            f"{scratch.tail_blocks} blocks in {len(scratch.draft_layers)} draft layers, at most "
             f"beam_kv_fraction {f} of it) leaves "
             f"{max(left, 0) / 2**20:.2f} MiB of the {available / 2**20:.2f} MiB available for "
             f"the KV cache, less than one request of max_model_len {max_len} needs "
@@ -135,51 +143,61 @@ def reserve(runner, available: int) -> int:
     return left
 
 
-def wrap_available_memory(original):
+def wrap_available_memory(original, draft_of):
     """A worker's ``determine_available_memory``, less the scratch (patch_cpu_worker,
-    patch_gpu_worker)."""
+    patch_gpu_worker); ``draft_of(runner)``: the runner's DraftLayers, None without MTAD."""
     @functools.wraps(original)
     def determine_available_memory(self) -> int:
-        return reserve(self.model_runner, original(self))
+        return reserve(self.model_runner, original(self), draft_of(self.model_runner))
 
     return determine_available_memory
 
 
-def with_scratch(kv_cache_config, plan: ScratchPlan):
+def scratch_rows(scratch: DraftScratch | None, width: int, gamma: int, block_size: int) -> int:
+    """Rows whose W-1 beam tails fit in the scratch, laid out for this round's W and γ (0:
+    none): the scratch is reserved for the configured ones, and a narrower or shorter round
+    fits more rows (the rows past the count draft one beam)."""
+    if scratch is None or scratch.base is None:
+        return 0
+    per_row = (width - 1) * tail_blocks(gamma, block_size)
+    return scratch.blocks // per_row if per_row > 0 else scratch.rows
+
+
+def with_scratch(kv_cache_config, scratch: DraftScratch):
     """The runner's ``kv_cache_config`` laid out for the scratch (:func:`extend_config`, in
-    place) and handed on with the plan: a :class:`KVCacheConfigWithScratch`, which the wrapped
+    place) and handed on with the scratch: a :class:`KVCacheConfigWithScratch`, which the wrapped
     ``allocate_kv_cache`` receives as its argument and recognises
-    (patches/worker/patch_gpu_model_runner.py). How the plan reaches the allocator: by the
+    (patches/worker/patch_gpu_model_runner.py). How the scratch reaches the allocator: by the
     argument vLLM passes it, not by a side channel."""
-    extend_config(kv_cache_config, plan)
-    return KVCacheConfigWithScratch.of(kv_cache_config, plan)
+    extend_config(kv_cache_config, scratch)
+    return KVCacheConfigWithScratch.of(kv_cache_config, scratch)
 
 
 @dataclass
 class KVCacheConfigWithScratch(KVCacheConfig):
-    """vLLM's KVCacheConfig with one field more: the draft-only blocks' plan, for the
+    """vLLM's KVCacheConfig with one field more: the draft-only blocks' scratch, for the
     allocation it is handed to."""
 
-    scratch: ScratchPlan | None = None
+    scratch: DraftScratch | None = None
 
     @classmethod
-    def of(cls, config, plan: ScratchPlan) -> "KVCacheConfigWithScratch":
+    def of(cls, config, scratch: DraftScratch) -> "KVCacheConfigWithScratch":
         return cls(**{f.name: getattr(config, f.name) for f in fields(config) if f.init},
-                   scratch=plan)
+                   scratch=scratch)
 
 
-def scratch_of(kv_cache_config) -> ScratchPlan | None:
-    """The plan that came with an allocation's config, None for vLLM's own configs."""
+def scratch_of(kv_cache_config) -> DraftScratch | None:
+    """The scratch that came with an allocation's config, None for vLLM's own configs."""
     return kv_cache_config.scratch if isinstance(kv_cache_config,
                                                   KVCacheConfigWithScratch) else None
 
 
-def extend_config(kv_cache_config, plan: ScratchPlan) -> None:
+def extend_config(kv_cache_config, scratch: DraftScratch) -> None:
     """Rewrite ``kv_cache_config.kv_cache_tensors`` in place: the draft layers' pages move to
     the end of the backing allocation, each layer spanning ``num_blocks + S`` pages. Sets
-    ``plan.base`` (the first scratch block id) and ``plan.bytes`` (what the layout added)."""
+    ``scratch.base`` (the first scratch block id) and ``scratch.bytes`` (what the layout added)."""
     N = kv_cache_config.num_blocks
-    draft = set(plan.draft_layers)
+    draft = set(scratch.draft_layers)
     tensors = kv_cache_config.kv_cache_tensors
     size = tensors[0].size
     holders = [t for t in tensors if draft & set(t.layers)]
@@ -201,12 +219,12 @@ def extend_config(kv_cache_config, plan: ScratchPlan) -> None:
             "KV cache tensor at the end of the allocation; this engine laid the cache out "
             f"otherwise ({[(t.layers, t.layer_stride, t.block_stride) for t in tensors]}). "
             "Set VLLM_KV_CACHE_LAYOUT=LBHNC, or use beam_width 1.")
-    extra = len(draft) * plan.blocks * t.block_stride
+    extra = len(draft) * scratch.blocks * t.block_stride
     new_size = size + extra
     target_part = replace(t, size=new_size, layers=t.layers[:n_target]) if n_target else None
     draft_part = replace(t, size=new_size, layers=t.layers[n_target:],
                          offset=t.offset + n_target * t.layer_stride,
-                         layer_stride=(N + plan.blocks) * t.block_stride)
+                         layer_stride=(N + scratch.blocks) * t.block_stride)
     out = []
     for x in tensors:
         if x is t:
@@ -214,16 +232,16 @@ def extend_config(kv_cache_config, plan: ScratchPlan) -> None:
         else:
             out.append(replace(x, size=new_size))
     kv_cache_config.kv_cache_tensors = out
-    plan.base = N
-    plan.bytes = extra
+    scratch.base = N
+    scratch.bytes = extra
 
 
-def allocate(original, kv_cache_config, device, layout, kernel_block_sizes, plan: ScratchPlan):
+def allocate(original, kv_cache_config, device, layout, kernel_block_sizes, scratch: DraftScratch):
     """vLLM's ``allocate_kv_cache`` with the draft layers viewed over ``num_blocks + S`` blocks
     (``kv_cache_config`` already laid out by :func:`with_scratch`)."""
     from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs, create_kv_cache_views
 
-    draft = set(plan.draft_layers)
+    draft = set(scratch.draft_layers)
     tensor = next(t for t in kv_cache_config.kv_cache_tensors if draft & set(t.layers))
     gid, group = next((i, g) for i, g in enumerate(kv_cache_config.kv_cache_groups)
                       if tensor.layers[0] in g.layer_names)
@@ -242,14 +260,14 @@ def allocate(original, kv_cache_config, device, layout, kernel_block_sizes, plan
     kv_caches = original(kv_cache_config, device, layout, kernel_block_sizes)
     storage = kv_caches[tensor.layers[0]].untyped_storage()
     buf = torch.empty(0, dtype=torch.int8, device=device).set_(storage)
-    views = create_kv_cache_views(buf, spec, kv_cache_config.num_blocks + plan.blocks, layout,
+    views = create_kv_cache_views(buf, spec, kv_cache_config.num_blocks + scratch.blocks, layout,
                                   tensor, kernel_block_size=kernel_block_size)
     kv_caches.update(zip(tensor.layers, views))
     logger.info(
         "MTAD: %d draft-only KV blocks (%.2f MiB) hold the private tails of beams 1..%d of up "
         "to %d requests of a batch (%d block(s) per beam, %d draft layers, block ids %d..%d; "
         "max_num_seqs %d, beam_kv_fraction %s); the target's layers reserve only vLLM's own "
-        "lookahead per request", plan.blocks, plan.bytes / 2**20, plan.beam_width - 1,
-        plan.rows, plan.tail_blocks, len(draft), plan.base, plan.base + plan.blocks - 1,
-        plan.max_rows, plan.fraction)
+        "lookahead per request", scratch.blocks, scratch.bytes / 2**20, scratch.beam_width - 1,
+        scratch.rows, scratch.tail_blocks, len(draft), scratch.base, scratch.base + scratch.blocks - 1,
+        scratch.max_rows, scratch.fraction)
     return kv_caches

@@ -2,7 +2,7 @@
 
 vLLM's ``vllm:spec_decode_*`` counters say how many drafts were verified and accepted, not how
 many beams drafted them or how long the policy made them. The choice is made in the worker
-(:class:`vllm_mtad.speculation.SpeculationController`), far from the front end's Prometheus
+(:class:`vllm_mtad.policy.controller.SpeculationController`), far from the front end's Prometheus
 registry; it travels the way vLLM's own spec-decode counts travel:
 
 1. the worker hangs the drafter's running counts (``{"W4_g4": steps, ...}``, every step since

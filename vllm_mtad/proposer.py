@@ -11,7 +11,9 @@ go to :class:`vllm_mtad.sampler.MTADRejectionSampler` on the device through vLLM
 ``draft_probs`` channel (``take_last_draft_probs``), with a per-request store for the rare step
 that channel leaves empty. What it knows of the requests (their settings, latest drafts, the
 step's rows) is the runner's :class:`vllm_mtad.request_state.MTADRequestState`, shared with the
-sampler.
+sampler; the speculation policy's engine side
+(:class:`vllm_mtad.policy.controller.SpeculationController`) chooses each step's (W, γ) and is
+shared with the sampler too.
 
 Vocabulary-wide work per beam step is one k-selection over each beam row's logits
 (:func:`vllm_mtad.core.processing.draft_candidates`); noise and selection then touch only the
@@ -20,39 +22,43 @@ K candidates of each beam. Nothing in the beam loop reads device values on the h
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import set_forward_context
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
-from vllm_mtad.beam_kv import BeamKVLayout, chain_step_kv, tail_blocks
+from vllm_mtad.beam_kv import BeamKVLayout, RequestBlocks, chain_step_kv
 from vllm_mtad.config import from_additional_config
-from vllm_mtad.core import beam_step, best_beam, is_greedy, keep_rows
-from vllm_mtad.core.processing import CandidatePlan, draft_candidates
+from vllm_mtad.core import (NoiseKeys, StepCandidates, beam_step, best_beam, is_greedy,
+                            keep_rows)
+from vllm_mtad.core.processing import CandidateSizing, Candidates, draft_candidates
+from vllm_mtad.draft_scratch import DraftLayers, scratch_rows, wrap_available_memory
 from vllm_mtad.log import get_logger
-from vllm_mtad.request_state import MTADRequestState, row_sampling_params
-from vllm_mtad.speculation import SpeculationController
+from vllm_mtad.policy import Plan, row_beams
+from vllm_mtad.policy.controller import SpeculationController
+from vllm_mtad.request_state import MTADRequestState, Rows, row_sampling_params
 from vllm_mtad.timing import phase
 
 logger = get_logger(__name__)
 
 
 class MTADProposer(DraftModelProposer):
-    def __init__(self, vllm_config, device, state: MTADRequestState, runner=None):
+    def __init__(self, vllm_config, device, state: MTADRequestState,
+                 speculation: SpeculationController, runner=None):
         # (vLLM's base class takes the runner and does not keep it; neither does this one.)
         super().__init__(vllm_config=vllm_config, device=device, runner=runner)
         self.mtad = from_additional_config(vllm_config.additional_config)
-        # The requests' facts (settings, drafts, the step's rows), shared with the sampler.
-        self.state = state
-        self.scratch = None  # draft_scratch.ScratchPlan, set when the KV cache is allocated
-        # The policy's engine-wide state, shared with the rejection sampler.
-        self.speculation = SpeculationController(self.mtad, device, state)
+        self.state = state  # the requests' facts (settings, drafts, the step's rows)
+        self.speculation = speculation  # the policy: each step's (W, γ), its timings
+        self.scratch = None  # draft_scratch.DraftScratch, set when the KV cache is allocated
         self._capture = False
-        self._first_pass = None  # (token_indices_to_sample, common_attn_metadata)
+        self._first_pass_inputs = None  # (token_indices_to_sample, common_attn_metadata)
         self._first_hidden = None  # [B, hidden] at the first draft position
         self._last_logprobs = None  # [B, γ, 1] float32, for vLLM's draft_probs channel
         # Counters for benchmarks and tests. Host counters are plain ints; the device ones are
@@ -76,9 +82,9 @@ class MTADProposer(DraftModelProposer):
 
     # The first pass is vLLM's; these two hooks capture what it computed.
     def set_inputs_first_pass(self, **kwargs):
-        num_tokens, token_indices, cad = super().set_inputs_first_pass(**kwargs)
-        self._first_pass = (token_indices, cad)
-        return num_tokens, token_indices, cad
+        num_tokens, token_indices, attn = super().set_inputs_first_pass(**kwargs)
+        self._first_pass_inputs = (token_indices, attn)
+        return num_tokens, token_indices, attn
 
     def _sample_draft_tokens(self, hidden_states, sampling_metadata):
         if self._capture:
@@ -99,113 +105,135 @@ class MTADProposer(DraftModelProposer):
         self._last_logprobs = None
         if num_speculative_tokens == 0:
             return super().propose(num_speculative_tokens=0, **kwargs)
-        spec, state = self.speculation, self.state
-        ib = state.input_batch
-        B = kwargs["common_attn_metadata"].batch_size()
-        req_ids = state.req_ids(B)
-        # Host-side, per round: the requests' settings (from vLLM's own host arrays).
-        rows = state.rows(req_ids)
-        exact_host, seed_list, greedy_host = rows.exact, rows.seeds, rows.greedy
-        starts = ib.num_computed_tokens_cpu[:B]
-        state.kv.set_tokens(req_ids, ib.token_ids_cpu, ib.num_tokens_no_spec, self.block_size)
-        plan = spec.plan(rows.classes, int(kwargs["target_token_ids"].shape[0]), req_ids,
-                         starts, state.requests, fixed=rows.fixed)
-        gamma = min(plan.num_tokens, num_speculative_tokens)
-        W = plan.beam_width
-        gaps = state.kv.step(req_ids, starts, drafting=gamma > 0)
-        if gamma == 0:  # this step drafts nothing: no draft forward (the KV catches up later)
-            spec.drafting_done(B)
-            return torch.empty(B, 0, dtype=torch.int64, device=self.device)
+        step = self._step(kwargs)
+        plan = self._plan(step, num_speculative_tokens)
+        gaps = self.state.kv.step(step.req_ids, step.starts, drafting=plan.num_tokens > 0)
+        if plan.num_tokens == 0:  # no draft forward; the draft's KV catches up when it next drafts
+            self.speculation.drafting_done(step.size)
+            return torch.empty(step.size, 0, dtype=torch.int64, device=self.device)
+        with _wall(self.stats, "first_pass_s"):
+            if gaps:  # the catch-up pass times itself
+                self._catch_up(gaps, step.req_ids, step.kwargs["common_attn_metadata"])
+        with self.speculation.stopwatch() as watch:
+            with _wall(self.stats, "first_pass_s"):
+                draft, logits = self._first_pass(step, plan, num_speculative_tokens)
+            if draft.gamma > 1:
+                watch.lap(self.speculation.costs.first_pass, draft.first_pass_size)
+            with _wall(self.stats, "beam_steps_s"):
+                tokens, logprobs, redone = self._draft(draft, logits)
+                self._time_draft(watch, draft, redone)
+                self._record(step, draft, tokens, logprobs)
+        return tokens
 
-        started = time.perf_counter()
-        if gaps:  # the catch-up pass records its own timing sample
-            self._catch_up(gaps, req_ids, kwargs["common_attn_metadata"])
-        mark = spec.mark()
+    def _step(self, kwargs: dict) -> _Step:
+        """The step's rows and their settings, from vLLM's host arrays; the draft KV tracker is
+        handed the step's tokens."""
+        state, ib = self.state, self.state.input_batch
+        num_rows = kwargs["common_attn_metadata"].batch_size()
+        req_ids = state.req_ids(num_rows)
+        rows = state.rows(req_ids)
+        starts = ib.num_computed_tokens_cpu[:num_rows]
+        state.kv.set_tokens(req_ids, ib.token_ids_cpu, ib.num_tokens_no_spec, self.block_size)
+        return _Step(req_ids=req_ids, rows=rows, starts=starts, size=num_rows, kwargs=kwargs)
+
+    def _plan(self, step: _Step, num_speculative_tokens: int) -> Plan:
+        """The policy's (W, γ) for the step, γ at most what vLLM asked for."""
+        plan = self.speculation.plan(
+            step.rows, int(step.kwargs["target_token_ids"].shape[0]),
+            demand=lambda: self.state.demand(step.req_ids, step.starts, step.rows.classes))
+        return replace(plan, num_tokens=min(plan.num_tokens, num_speculative_tokens))
+
+    def _first_pass(self, step: _Step, plan: Plan, num_speculative_tokens: int):
+        """vLLM's first pass, one draft position (the draft reads the step's verified tokens
+        and prefill chunks): the round's per-row inputs and the logits of the first draft
+        position [B, V]."""
         self._capture = True
-        try:  # vLLM's first pass only: one draft position.
-            super().propose(num_speculative_tokens=1, **kwargs)
+        try:
+            super().propose(num_speculative_tokens=1, **step.kwargs)
         finally:
             self._capture = False
             self.num_speculative_tokens = num_speculative_tokens
-        token_indices, cad = self._first_pass
-        sampling_metadata = kwargs["sampling_metadata"]
-        B = cad.batch_size()
-        dev = self._first_hidden.device
-
-        seeds = torch.tensor(seed_list, dtype=torch.int64).to(dev)
-        temp, top_k, top_p = row_sampling_params(sampling_metadata, B, dev)
-        greedy = is_greedy(temp)
-        # [B] beams per row: one for greedy "exact" rows (the draft's argmax chain; a sampled
-        # request's greedy setting does not apply to it) and for the rows past those whose
-        # beam tails fit in the draft-only blocks (draft_scratch).
-        chain = [e and g for e, g in zip(exact_host, greedy_host)]
-        room = B if gamma < 2 else self.rows_with_room(W, gamma)
-        row_widths = [1 if c or b >= room else W for b, c in enumerate(chain)]
-        widths = torch.tensor(row_widths, dtype=torch.int64).to(dev)
-
-        p = self.positions[token_indices].to(torch.int64)  # [B] position of the bonus token
+        token_indices, attn = self._first_pass_inputs
         logits = self.model.compute_logits(self._first_hidden)  # [B, V]
-        V = logits.shape[-1]
-        _, plan_k = state.batch_plan(B, V, W)
-        any_sampled = not all(greedy_host)
-        # Draft steps per row: the scheduler verifies at most max_model_len - L - 1 drafts of a
-        # request with L tokens (its extra token must fit), so a row near the end of its
-        # context drafts a shorter beam search (vLLM would skip the drafter for the whole batch
-        # there; patches/worker/patch_gpu_model_runner.py lets MTAD draft).
-        steps = (self.max_model_len - (p + 1) - 1).clamp(0, gamma)
-        ctx = _Round(B, W, gamma, V, dev, temp, top_k, top_p, greedy, seeds, p + 1, any_sampled,
-                     cad, steps, widths, room)
-        beams_started = time.perf_counter()
-        self.stats["first_pass_s"] += beams_started - started
-        first_tokens = int(cad.num_actual_tokens)
-        beam_mark = spec.mark()
+        bonus_pos = self.positions[token_indices].to(torch.int64)  # [B] the bonus token's
+        return self._round(step, plan, attn, bonus_pos, logits.shape[-1]), logits
 
-        chain_round = all(chain)
-        if chain_round:
+    def _round(self, step: _Step, plan: Plan, attn: CommonAttentionMetadata,
+               bonus_pos: torch.Tensor, vocab_size: int) -> _Round:
+        """The draft round's per-row inputs. Beams per row: one for exact rows (row_beams) and
+        for the rows past those whose beam tails fit in the draft-only blocks."""
+        B, dev = attn.batch_size(), self._first_hidden.device
+        gamma, W = plan.num_tokens, plan.beam_width
+        temp, top_k, top_p = row_sampling_params(step.kwargs["sampling_metadata"], B, dev)
+        room = B if gamma < 2 else scratch_rows(self.scratch, W, gamma, self.block_size)
+        widths = [row_beams(c, W) if b < room else 1 for b, c in enumerate(step.rows.classes)]
+        seeds = torch.tensor(step.rows.seeds, dtype=torch.int64).to(dev)
+        prefill = self.speculation.prefill_tokens
+        return _Round(
+            B=B, W=W, gamma=gamma, V=vocab_size, device=dev, temp=temp, top_k=top_k,
+            top_p=top_p, attn=attn, bonus_pos=bonus_pos, room=room, row_widths=widths,
+            keys=NoiseKeys(is_greedy(temp), seeds, bonus_pos + 1,
+                           any_sampled=not all(step.rows.greedy)),
+            # Draft steps per row: the scheduler verifies at most max_model_len - L - 1 drafts
+            # of a request of L tokens, so a row near the end of its context drafts fewer
+            # (patches/worker/patch_gpu_model_runner.py lets MTAD draft there).
+            steps=(self.max_model_len - (bonus_pos + 1) - 1).clamp(0, gamma),
+            widths=torch.tensor(widths, dtype=torch.int64).to(dev),
+            sizing=self.state.candidate_sizing(B, vocab_size, W)[1],
+            one_beam=all(c == "exact" for c in step.rows.classes),
+            first_pass_size=(max(int(attn.num_actual_tokens) - prefill, 0), prefill))
+
+    def _draft(self, draft: _Round, logits: torch.Tensor):
+        """γ draft tokens per row from the first pass's logits: [B, γ] int64 tokens, [B, γ]
+        float32 draft log-probs, and whether the round was drafted twice. A host read after
+        the beam loop, in top-k rounds: whether ties at some row's k-th value reached past the
+        candidates (rare: the slack grows with k); the round is then redone with every token
+        (the beams' KV is rewritten by the redo before anything reads it)."""
+        if draft.one_beam:
             # Every row drafts the argmax chain (exact acceptance reads no draft probability):
             # no beams, no log-probabilities, no beam layout; vLLM's own draft loop's work.
-            tokens, draft_logprobs = self._argmax_chain(replace(ctx, W=1), logits)
             self.stats["chain_rounds"] += 1
-        else:
-            tokens, draft_logprobs, overflow = self._draft_round(ctx, logits, plan_k)
-            if plan_k.num_candidates is None:
-                self.stats["dense_rounds"] += 1
-            elif bool(overflow.any()):
-                # Ties at some row's k-th value reach past the candidates (rare: the slack
-                # grows with k; a host read once per round, after the beam loop): redo the
-                # round with every token. The beams' KV is rewritten by the redo before
-                # anything reads it.
-                self.stats["dense_redos"] += 1
-                tokens, draft_logprobs, _ = self._draft_round(
-                    ctx, logits, replace(plan_k, num_candidates=None))
-                beam_mark = mark = None  # two rounds: not a representative timing
-        # The first pass read the step's decode tokens and its prefill chunks.
-        first_size = (max(first_tokens - spec.prefill_tokens, 0), spec.prefill_tokens)
-        if gamma > 1:
-            spec.time_part(spec.costs.first_pass, first_size, mark, beam_mark)
-            spec.time_part(spec.costs.beam_step, B * (1 if chain_round else W), beam_mark,
-                           count=gamma - 1)
-        else:
-            spec.time_part(spec.costs.first_pass, first_size, mark)
-        for req_id, w in zip(req_ids, row_widths):
-            state.widths[req_id] = w
+            return *self._argmax_chain(replace(draft, W=1), logits), False
+        tokens, logprobs, overflow = self._draft_round(draft, logits, draft.sizing)
+        if draft.sizing.num_candidates is None:
+            self.stats["dense_rounds"] += 1
+        elif bool(overflow.any()):
+            self.stats["dense_redos"] += 1
+            tokens, logprobs, _ = self._draft_round(
+                draft, logits, replace(draft.sizing, num_candidates=None))
+            return tokens, logprobs, True
+        return tokens, logprobs, False
 
-        self._last_logprobs = draft_logprobs[:, :, None].contiguous()
-        state.drafts.put(req_ids, tokens, draft_logprobs)
-        self.stats["beam_steps_s"] += time.perf_counter() - beams_started
-        self.stats["beam_steps"] += gamma - 1
+    def _time_draft(self, watch, draft: _Round, redone: bool) -> None:
+        """The policy's samples of this round: the first pass (lapped before drafting when
+        γ > 1) and γ - 1 beam steps of B·W rows; none for a round drafted twice."""
+        costs = self.speculation.costs
+        if redone:
+            watch.discard()
+        elif draft.gamma > 1:
+            watch.lap(costs.beam_step, draft.B * (1 if draft.one_beam else draft.W),
+                      count=draft.gamma - 1)
+        else:
+            watch.lap(costs.first_pass, draft.first_pass_size)
+
+    def _record(self, step: _Step, draft: _Round, tokens: torch.Tensor,
+                logprobs: torch.Tensor) -> None:
+        """Hand the drafts on: the tokens go back to vLLM, their log-probs to the sampler
+        (vLLM's draft_probs channel, and the store for the step that channel misses)."""
+        for req_id, w in zip(step.req_ids, draft.row_widths):
+            self.state.widths[req_id] = w
+        self._last_logprobs = logprobs[:, :, None].contiguous()
+        self.state.drafts.put(step.req_ids, tokens, logprobs)
+        self.stats["beam_steps"] += draft.gamma - 1
         self.stats["rounds"] += 1
-        self.stats["rows"] += B
-        spec.drafting_done(B)
-        return tokens
+        self.stats["rows"] += draft.B
+        self.speculation.drafting_done(draft.B)
 
-    def _catch_up(self, gaps: dict, req_ids: list, cad: CommonAttentionMetadata) -> None:
+    def _catch_up(self, gaps: dict, req_ids: list, attn: CommonAttentionMetadata) -> None:
         """Feed the draft the tokens it missed in steps without drafting: for each request in
         ``gaps`` ({req_id: (valid, start)}), positions [valid, start) of its own tokens, as
         causal multi-token queries in one draft forward (more when they exceed the token
         budget). Writes the draft layers' KV only; no logits."""
-        ib = self.state.input_batch
-        bs = self.block_size
         budget = self.max_num_tokens
         todo = [(req_ids.index(r), a, b) for r, (a, b) in gaps.items()]
         while todo:
@@ -221,130 +249,119 @@ class MTADProposer(DraftModelProposer):
                 if a + take < b:
                     rest.append((row, a + take, b))
             todo = rest
-            self._catch_up_pass(rows, segs, ib, cad, bs)
+            self._catch_up_pass(rows, segs, attn)
             self.speculation.catch_up_tokens += used
 
-    def _catch_up_pass(self, rows, segs, ib, cad, bs) -> None:
-        import numpy as np
+    def _catch_up_pass(self, rows: list[int], segs: list[tuple[int, int]],
+                       attn: CommonAttentionMetadata) -> None:
+        """One catch-up forward: batch rows ``rows`` read their positions ``segs``."""
+        ib, bs, dev = self.state.input_batch, self.block_size, self.device
+        with self.speculation.stopwatch() as watch:
+            lens = [b - a for a, b in segs]
+            n = sum(lens)
+            ids = np.concatenate([ib.token_ids_cpu[r, a:b] for r, (a, b) in zip(rows, segs)])
+            pos = np.concatenate([np.arange(a, b) for a, b in segs])
+            qsl_cpu = torch.tensor([0] + list(np.cumsum(lens)), dtype=torch.int32)
+            seq_cpu = torch.tensor([b for _, b in segs], dtype=torch.int32)
+            positions = torch.from_numpy(pos.astype(np.int64)).to(dev)
+            row_of = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(lens)).to(dev)
+            block_table = attn.block_table_tensor[torch.tensor(rows, device=dev)]  # [R, blocks]
+            slots = (block_table[row_of, positions // bs].to(torch.int64) * bs + positions % bs)
+            sub = CommonAttentionMetadata(
+                query_start_loc=qsl_cpu.to(dev), query_start_loc_cpu=qsl_cpu,
+                seq_lens=seq_cpu.to(dev), seq_lens_cpu_upper_bound=seq_cpu, num_reqs=len(rows),
+                num_actual_tokens=n, max_query_len=max(lens), max_seq_len=int(seq_cpu.max()),
+                block_table_tensor=block_table, slot_mapping=slots, causal=True,
+                positions=positions)
+            _, per_layer = self.build_per_group_and_layer_attn_metadata(sub)
+            input_ids = torch.from_numpy(ids.astype(np.int32)).to(dev)
+            with set_forward_context(per_layer, self.vllm_config, num_tokens=n,
+                                     cudagraph_runtime_mode=CUDAGraphMode.NONE,
+                                     slot_mapping={name: slots
+                                                   for name in self._draft_attn_layer_names}):
+                self.model(input_ids=input_ids, positions=positions, inputs_embeds=None)
+            # Multi-token queries, as a prefill chunk's: priced per prefill token.
+            watch.lap(self.speculation.costs.first_pass, (0, n))
 
-        mark = self.speculation.mark()
-        lens = [b - a for a, b in segs]
-        n = sum(lens)
-        dev = self.device
-        ids = np.concatenate([ib.token_ids_cpu[r, a:b] for r, (a, b) in zip(rows, segs)])
-        pos = np.concatenate([np.arange(a, b) for a, b in segs])
-        qsl_cpu = torch.tensor([0] + list(np.cumsum(lens)), dtype=torch.int32)
-        seq_cpu = torch.tensor([b for _, b in segs], dtype=torch.int32)
-        positions = torch.from_numpy(pos.astype(np.int64)).to(dev)
-        row_of = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(lens)).to(dev)
-        block_table = cad.block_table_tensor[torch.tensor(rows, device=dev)]  # [R, blocks]
-        slots = (block_table[row_of, positions // bs].to(torch.int64) * bs + positions % bs)
-        sub = CommonAttentionMetadata(
-            query_start_loc=qsl_cpu.to(dev), query_start_loc_cpu=qsl_cpu,
-            seq_lens=seq_cpu.to(dev), seq_lens_cpu_upper_bound=seq_cpu, num_reqs=len(rows),
-            num_actual_tokens=n, max_query_len=max(lens), max_seq_len=int(seq_cpu.max()),
-            block_table_tensor=block_table, slot_mapping=slots, causal=True,
-            positions=positions)
-        _, per_layer = self.build_per_group_and_layer_attn_metadata(sub)
-        input_ids = torch.from_numpy(ids.astype(np.int32)).to(dev)
-        with set_forward_context(per_layer, self.vllm_config, num_tokens=n,
-                                 cudagraph_runtime_mode=CUDAGraphMode.NONE,
-                                 slot_mapping={name: slots
-                                               for name in self._draft_attn_layer_names}):
-            self.model(input_ids=input_ids, positions=positions, inputs_embeds=None)
-        # Multi-token queries, as a prefill chunk's: priced per prefill token.
-        self.speculation.time_part(self.speculation.costs.first_pass, (0, n), mark)
-
-    def rows_with_room(self, width: int, gamma: int) -> int:
-        """Batch rows whose beam tails fit in the draft-only blocks this round (0: none)."""
-        scratch = self.scratch
-        if scratch is None or scratch.base is None:
-            return 0
-        return scratch_rows(scratch, width, gamma, self.block_size)
-
-    def _draft_round(self, ctx: "_Round", first_logits: torch.Tensor, plan: CandidatePlan):
+    def _draft_round(self, draft: _Round, first_logits: torch.Tensor, sizing: CandidateSizing):
         """Beam drafting from the first pass's logits: γ steps, steps 2..γ as B·W rows of one
         draft forward each (one beam a row: the request's own chain, chain_step_kv, which
         plans what a one-beam BeamKVLayout does without its bookkeeping). Returns the chosen
         beam's tokens [B, γ] int64, their draft log-probs [B, γ] float32 and [B] bool, rows
         whose candidates overflowed."""
-        B, W, V = ctx.B, ctx.W, ctx.V
-        layout = chain = None
-        row_width = None
-        if ctx.gamma > 1:
-            with phase("beam_kv"):
-                if W == 1:  # one beam a row: the request's own chain, as _argmax_chain's
-                    chain = (ctx.cad.block_table_tensor[:B], self._num_blocks(ctx))
-                else:
-                    layout = BeamKVLayout(ctx.cad.block_table_tensor[:B].clone(),
-                                          self._num_blocks(ctx), ctx.first_pos - 1, ctx.gamma,
-                                          W, self.block_size, self.max_model_len,
-                                          self.scratch.base if ctx.room else 0, ctx.room)
-                    row_width = layout.row_beam_width
-                    self._device_stats["narrowed_rows"] += (row_width < W).sum()
-        # Rows the plan gives fewer beams (exact greedy: one) keep only those.
-        row_width = ctx.widths if row_width is None else torch.minimum(row_width, ctx.widths)
-
+        B, W, V = draft.B, draft.W, draft.V
+        layout, row_width = self._beam_layout(draft)
         # Step 1: W distinct tokens from the first-pass distribution.
         with phase("draft_vocab"):
-            cands = draft_candidates(first_logits, ctx.temp, ctx.top_k, ctx.top_p, plan)
-            overflow = cands.overflow & (ctx.steps > 0)  # rows with no step left: unverified
-            state = beam_step(cands.logprobs[:, None], None, W, ctx.greedy, ctx.seeds,
-                              ctx.first_pos, 1, row_width, _beams(cands.token_ids, B, 1), V,
-                              ctx.any_sampled)
-
+            cands = draft_candidates(first_logits, draft.temp, draft.top_k, draft.top_p, sizing)
+            overflow = cands.overflow & (draft.steps > 0)  # rows with no step left: unverified
+            beams = beam_step(_step_candidates(cands, B, 1, V), None, W, draft.keys, 1,
+                              row_width)
         # Steps 2..γ: B·W rows of one draft forward per step.
         rep = lambda t: None if t is None else t.repeat_interleave(W)  # noqa: E731
-        for t in range(2, ctx.gamma + 1):
+        for t in range(2, draft.gamma + 1):
             with phase("beam_kv"):
-                if chain is not None:  # what a one-beam layout plans (tests/test_beam_kv.py)
-                    kv = chain_step_kv(*chain, ctx.first_pos - 1, t, self.block_size,
-                                       self.max_model_len)
+                if isinstance(layout, RequestBlocks):  # one beam a row (tests/test_beam_kv.py)
+                    kv = chain_step_kv(layout, t, self.block_size, self.max_model_len)
                 else:
-                    kv = layout.step(state.parents, t)
+                    kv = layout.step(beams.parents, t)
                     self._copy_blocks(kv.copy_src, kv.copy_dst)
                     self._device_stats["copied_blocks"] += kv.num_copies
-            logits = self._beam_forward(state.last_tokens().reshape(-1), kv, ctx, t)  # [B*W, V]
+            logits = self._beam_forward(beams.last_tokens().reshape(-1), kv, draft, t)
             with phase("draft_vocab"):
-                cands = draft_candidates(logits, rep(ctx.temp), rep(ctx.top_k), rep(ctx.top_p),
-                                         plan)
-                done = t > ctx.steps  # [B] rows whose context ends before this step
+                cands = draft_candidates(logits, rep(draft.temp), rep(draft.top_k),
+                                         rep(draft.top_p), sizing)
+                done = t > draft.steps  # [B] rows whose context ends before this step
                 overflow = overflow | (cands.overflow.view(B, W).any(dim=1) & ~done)
-                state = keep_rows(beam_step(cands.logprobs.view(B, W, -1), state, W,
-                                            ctx.greedy, ctx.seeds, ctx.first_pos, t, row_width,
-                                            _beams(cands.token_ids, B, W), V, ctx.any_sampled),
-                                  state, done)
-
-        tokens, draft_logprobs = best_beam(state)
+                beams = keep_rows(beam_step(_step_candidates(cands, B, W, V), beams, W,
+                                            draft.keys, t, row_width), beams, done)
+        tokens, draft_logprobs = best_beam(beams)
         return tokens, draft_logprobs, overflow
 
-    def _num_blocks(self, ctx: "_Round") -> torch.Tensor:
+    def _beam_layout(self, draft: _Round):
+        """Where the round's beams keep their KV (a BeamKVLayout, or for one beam a row the
+        requests' own blocks), and [B] beams per row: the plan's, fewer for rows without
+        draft-only room."""
+        if draft.gamma < 2:
+            return None, draft.widths
+        with phase("beam_kv"):
+            requests = RequestBlocks(draft.attn.block_table_tensor[:draft.B],
+                                     self._num_blocks(draft), draft.bonus_pos)
+            if draft.W == 1:  # one beam a row: the request's own chain, as _argmax_chain's
+                return requests, draft.widths
+            layout = BeamKVLayout(replace(requests, block_table=requests.block_table.clone()),
+                                  draft.gamma, draft.W, self.block_size, self.max_model_len,
+                                  self.scratch.base if draft.room else 0, draft.room)
+            row_width = layout.row_beam_width
+            self._device_stats["narrowed_rows"] += (row_width < draft.W).sum()
+        return layout, torch.minimum(row_width, draft.widths)
+
+    def _num_blocks(self, draft: _Round) -> torch.Tensor:
         """[B] blocks each row's request owns (vLLM's host block table), on the device."""
         bt = self.state.input_batch.block_table[self.kv_cache_gid]
-        return torch.from_numpy(bt.num_blocks_per_row[:ctx.B].copy()).to(ctx.device)
+        return torch.from_numpy(bt.num_blocks_per_row[:draft.B].copy()).to(draft.device)
 
-    def _argmax_chain(self, ctx: "_Round", first_logits: torch.Tensor):
-        """The draft model's argmax chain of every row (``ctx.W`` = 1), as vLLM's own draft
+    def _argmax_chain(self, draft: _Round, first_logits: torch.Tensor):
+        """The draft model's argmax chain of every row (``draft.W`` = 1), as vLLM's own draft
         loop drafts it: [B, γ] int64 tokens and [B, γ] zero log-probs (exact acceptance does
         not read them). A row whose context ends before step t repeats its last token there
         (never verified), as a beam round's placeholder does."""
         with phase("draft_vocab"):
             token = first_logits.argmax(dim=-1)  # [B]
         tokens = [token]
-        if ctx.gamma > 1:
+        if draft.gamma > 1:
             with phase("beam_kv"):
-                num_blocks = self._num_blocks(ctx)
-                table = ctx.cad.block_table_tensor[:ctx.B]
-        for t in range(2, ctx.gamma + 1):
+                requests = RequestBlocks(draft.attn.block_table_tensor[:draft.B],
+                                         self._num_blocks(draft), draft.bonus_pos)
+        for t in range(2, draft.gamma + 1):
             with phase("beam_kv"):
-                kv = chain_step_kv(table, num_blocks, ctx.first_pos - 1, t, self.block_size,
-                                   self.max_model_len)
-            logits = self._beam_forward(token, kv, ctx, t)  # [B, V]
+                kv = chain_step_kv(requests, t, self.block_size, self.max_model_len)
+            logits = self._beam_forward(token, kv, draft, t)  # [B, V]
             with phase("draft_vocab"):
-                token = torch.where(t > ctx.steps, token, logits.argmax(dim=-1))
+                token = torch.where(t > draft.steps, token, logits.argmax(dim=-1))
             tokens.append(token)
         tokens = torch.stack(tokens, dim=1)
-        return tokens, torch.zeros(tokens.shape, dtype=torch.float32, device=ctx.device)
+        return tokens, torch.zeros(tokens.shape, dtype=torch.float32, device=draft.device)
 
     def _copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy whole blocks src -> dst in every draft layer (gather first: permutation-safe)."""
@@ -355,19 +372,19 @@ class MTADProposer(DraftModelProposer):
             cache = forward_context[name].kv_cache
             cache.index_copy_(0, dst, cache.index_select(0, src))
 
-    def _beam_forward(self, input_ids: torch.Tensor, kv, ctx: "_Round", t: int) -> torch.Tensor:
+    def _beam_forward(self, input_ids: torch.Tensor, kv, draft: _Round, t: int) -> torch.Tensor:
         num_rows = input_ids.shape[0]
         with phase("beam_kv"):
-            qsl_cpu, qsl = ctx.query_start_loc(num_rows)
+            qsl_cpu, qsl = draft.query_start_loc(num_rows)
             # Host-side bounds as vLLM's own draft loop keeps them (+1 per step), no sync.
             # (vLLM's first-pass metadata extends seq_lens and max_seq_len by the draft's new
             # slots, N = 1, but not seq_lens_cpu_upper_bound: hence + N here.)
-            upper = ctx.cad.seq_lens_cpu_upper_bound
+            upper = draft.attn.seq_lens_cpu_upper_bound
             if upper is not None:
                 n_new = getattr(self, "net_num_new_slots_per_request", 1)
-                seq_lens_cpu = (upper[: ctx.B] + n_new + (t - 1)).clamp(
-                    max=self.max_model_len).repeat_interleave(ctx.W)
-                max_seq_len = min(ctx.cad.max_seq_len + t - 1, self.max_model_len)
+                seq_lens_cpu = (upper[: draft.B] + n_new + (t - 1)).clamp(
+                    max=self.max_model_len).repeat_interleave(draft.W)
+                max_seq_len = min(draft.attn.max_seq_len + t - 1, self.max_model_len)
             else:  # not provided by this vLLM path: read them (a sync)
                 seq_lens_cpu = kv.seq_lens.cpu()
                 max_seq_len = int(seq_lens_cpu.max())
@@ -389,13 +406,6 @@ class MTADProposer(DraftModelProposer):
                                 inputs_embeds=None)
         return self.model.compute_logits(hidden)
 
-
-def scratch_rows(scratch, width: int, gamma: int, block_size: int) -> int:
-    """Rows whose W-1 beam tails fit in the scratch, laid out for this round's W and γ: the
-    scratch is reserved for the configured ones, and a narrower or shorter round fits more
-    rows (the rows past the count draft one beam)."""
-    per_row = (width - 1) * tail_blocks(gamma, block_size)
-    return scratch.blocks // per_row if per_row > 0 else scratch.rows
 
 
 def beam_attn_groups(groups, vllm_config, device, width: int) -> list:
@@ -426,6 +436,17 @@ def beam_attn_groups(groups, vllm_config, device, width: int) -> list:
 
 
 @dataclass
+class _Step:
+    """The step's rows on the host (vLLM's propose() arguments with them)."""
+
+    req_ids: list[str]
+    rows: Rows  # their MTAD settings and classes
+    starts: np.ndarray  # [B] computed tokens of each row
+    size: int  # B, rows of the step (more than req_ids only in vLLM's warm-up)
+    kwargs: dict  # vLLM's arguments to propose()
+
+
+@dataclass
 class _Round:
     """One draft round's per-row inputs (legend: B requests, W beams, V vocabulary)."""
 
@@ -437,14 +458,16 @@ class _Round:
     temp: torch.Tensor  # [B] float32, 0 = greedy
     top_k: torch.Tensor | None  # [B]
     top_p: torch.Tensor | None  # [B]
-    greedy: torch.Tensor  # [B] bool
-    seeds: torch.Tensor  # [B] int64
-    first_pos: torch.Tensor  # [B] int64, position of the first draft token
-    any_sampled: bool
-    cad: CommonAttentionMetadata  # the first pass's
+    keys: NoiseKeys  # greedy rows, seeds, and positions of the first draft token
+    attn: CommonAttentionMetadata  # the first pass's
+    bonus_pos: torch.Tensor  # [B] int64, position of the bonus token (the first pass's)
     steps: torch.Tensor  # [B] int64, draft steps of each row (fewer than γ near max_model_len)
     widths: torch.Tensor  # [B] int64, beams of each row (<= W; 1 for exact greedy rows)
+    row_widths: list[int]  # the same, on the host
     room: int  # rows whose beam tails fit in the draft-only blocks this round
+    sizing: CandidateSizing  # how many candidates each row's distribution keeps
+    one_beam: bool  # every row is exact: the round drafts the argmax chain
+    first_pass_size: tuple[int, int]  # (decode, prefill) tokens the first pass read
     _qsl: tuple | None = None
 
     def query_start_loc(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -455,8 +478,37 @@ class _Round:
         return self._qsl
 
 
-def _beams(token_ids: torch.Tensor | None, B: int, W: int) -> torch.Tensor | None:
-    return None if token_ids is None else token_ids.view(B, W, -1)
+def _step_candidates(cands: Candidates, B: int, W: int, V: int):
+    """A draft_candidates result as beam_step's input: [B, W, K] (dense: a tensor)."""
+    logprobs = cands.logprobs.view(B, W, -1)
+    if cands.token_ids is None:
+        return logprobs
+    return StepCandidates(logprobs, cands.token_ids.view(B, W, -1), V)
+
+
+@contextlib.contextmanager
+def _wall(stats: dict, key: str):
+    """Adds the block's wall seconds to ``stats[key]`` (the drafter's counters)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        stats[key] += time.perf_counter() - start
+
+
+def draft_layers_of(runner) -> DraftLayers | None:
+    """An MTAD runner's draft layers and settings, for the draft-only blocks (None for other
+    runners)."""
+    drafter = getattr(runner, "drafter", None)
+    if not isinstance(drafter, MTADProposer):
+        return None
+    return DraftLayers(sorted(drafter._draft_attn_layer_names), drafter.mtad)
+
+
+def available_memory_less_scratch(original):
+    """A worker's ``determine_available_memory``, less the draft-only blocks of its MTAD
+    drafter (patch_cpu_worker, patch_gpu_worker)."""
+    return wrap_available_memory(original, draft_layers_of)
 
 
 def _bonus_counters(sampler) -> dict:

@@ -33,10 +33,10 @@ from vllm.v1.sample import rejection_sampler as vllm_rs
 from vllm.v1.sample.rejection_sampler import RejectionSampler
 
 from vllm_mtad.config import MTADConfig
-from vllm_mtad.core import is_greedy, mask_top_k_top_p, mtad_accept
+from vllm_mtad.core import Bonus, NoiseKeys, is_greedy, mask_top_k_top_p, mtad_accept
 from vllm_mtad.core.processing import Candidates, draft_candidates
+from vllm_mtad.policy.controller import SpeculationController
 from vllm_mtad.request_state import MTADRequestState, row_sampling_params
-from vllm_mtad.speculation import SpeculationController
 
 
 class MTADRejectionSampler(RejectionSampler):
@@ -125,11 +125,11 @@ class MTADRejectionSampler(RejectionSampler):
             drafts = torch.where(known[:, None], drafts, -1)
         positions = _positions(state.input_batch, B)
         to = lambda x, dtype: torch.tensor(x, dtype=dtype).to(dev, non_blocking=True)  # noqa: E731
-        result = mtad_accept(
-            drafts, draft_lp, target, to(tau, torch.float32), greedy, to(exact, torch.bool),
-            to(seeds, torch.int64), positions.to(dev, non_blocking=True),
-            num_drafts=target.counts, bonus_token_ids=bonus_token_ids[:, 0],
-            any_sampled=not sampling_metadata.all_greedy)
+        keys = NoiseKeys(greedy, to(seeds, torch.int64), positions.to(dev, non_blocking=True),
+                         any_sampled=not sampling_metadata.all_greedy)
+        result = mtad_accept(drafts, draft_lp, target, to(tau, torch.float32),
+                             to(exact, torch.bool), keys,
+                             bonus=Bonus(target.counts, bonus_token_ids[:, 0]))
         if num_real:  # acceptance statistics of the speculation policy (device-side counts)
             widths = [state.widths.get(r, self.mtad.beam_width) for r in req_ids]
             self.speculation.record_acceptance(rows.classes, widths, target.counts[:num_real],
@@ -209,7 +209,7 @@ class _FlatTarget:
         self.cands = None  # Candidates over the N rows, when sparse
         self.processed_logits = None  # [N, V], when dense
         if not sampling_metadata.all_greedy:
-            _, plan = state.batch_plan(B, self.V, 1)
+            _, plan = state.candidate_sizing(B, self.V, 1)
             if plan.num_candidates is not None and not need_processed_logits:
                 self.cands = sparse_candidates_unless_overflow_host_sync(
                     target_logits, per_token(temp), per_token(sampling_metadata.top_k),
@@ -270,7 +270,7 @@ class SelectingTopKTopP(torch.nn.Module):
     spent 9.9 ms of a 231 ms batch-1 step drawing one bonus token (benchmarks.phases step,
     T=1). The masks agree but for the order among tokens with equal logits at the top-p
     boundary (vLLM's sort is unstable there; this one is the stable order of
-    processed_logprobs) and float rounding of the normaliser: tests/test_glue_units.py
+    processed_logprobs) and float rounding of the normaliser: tests/test_sampler.py
     compares the tokens drawn."""
 
     def __init__(self, inner: torch.nn.Module, state: MTADRequestState):
@@ -293,7 +293,7 @@ class SelectingTopKTopP(torch.nn.Module):
         if k is None or p is None or self.state.input_batch is None \
                 or len(self.state.req_ids(R)) < R:  # top-k only: vLLM's sorts nothing
             return None
-        greedy, plan = self.state.batch_plan(R, V, 1)
+        greedy, plan = self.state.candidate_sizing(R, V, 1)
         return mask_top_k_top_p(logits, k, p, plan,
                                 torch.tensor(greedy, dtype=torch.bool).to(logits.device))
 

@@ -5,7 +5,7 @@ An *engine* is one vLLM ``LLM`` (in this process); a *configuration* is what a t
 one: the target alone, vLLM's own speculative decoding (``draft_model``, standard rejection
 sampling), or MTAD with the default adaptive policy, fixed W=4 and γ=4, or the policy bounded
 by a longer γ. The MTAD configurations share one engine and differ only in what the policy may
-choose (vllm_mtad.speculation.force_plans / limit_plans), so they share its measurements.
+choose (vllm_mtad.policy.controller.force_plans / limit_plans), so they share its measurements.
 
 **Equal samplers.** On CPU vLLM's top-k/top-p sorts the whole vocabulary, and MTAD's engine
 selects instead; a comparison at T=1 with top-k/top-p then measures the sampler as much as the
@@ -114,7 +114,7 @@ def prepare(llm, config: str, gamma: int) -> dict:
     counts = llm.collective_rpc(use_selection, args=(not config.endswith(SHIPPED),))[0]
     base = config.removesuffix(SHIPPED).split(" ")[0]
     if engine_of(config) == "mtad":
-        from vllm_mtad.speculation import force_plans, limit_plans
+        from vllm_mtad.policy.controller import force_plans, limit_plans
 
         llm.collective_rpc(force_plans([(4, gamma)] if base == "mtad_fixed" else None))
         llm.collective_rpc(limit_plans(None if base == "mtad_g8" else gamma))

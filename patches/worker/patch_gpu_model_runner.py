@@ -14,8 +14,8 @@ How: one wrapper per concern, each a small function below:
       vllm_mtad.sampler.MTADRejectionSampler. Both subclass the originals, so every
       isinstance check in the runner keeps holding. Both get the one
       vllm_mtad.request_state.MTADRequestState made here (the requests' settings, drafts and
-      the step's rows; neither holds the runner or the other) and share the drafter's
-      SpeculationController. Before vLLM's, applies patch_phase_timers (inert unless
+      the step's rows) and the one vllm_mtad.policy.controller.SpeculationController made
+      beside it (the policy's engine side); neither holds the runner or the other. Before vLLM's, applies patch_phase_timers (inert unless
       VLLM_MTAD_PHASE_TIMERS=1; the worker patches are applied once per process, a runner is
       built per engine, and timers may be switched on in between).
     - the step's start (``_update_states``): after vLLM has applied the scheduler's output,
@@ -25,7 +25,7 @@ How: one wrapper per concern, each a small function below:
       ``execute_model`` calls ``_prepare_inputs`` next).
     - draft-only KV (``initialize_kv_cache_tensors``, ``allocate_kv_cache``): for runners with
       W > 1, initialize_kv_cache_tensors hands vLLM's code the KV cache config laid out for
-      vllm_mtad.draft_scratch's plan, with the plan in it (``KVCacheConfigWithScratch``);
+      vllm_mtad.draft_scratch's DraftScratch, with it inside (``KVCacheConfigWithScratch``);
       vLLM passes it on to allocate_kv_cache, whose wrapper then gives the draft layers
       S = max_num_seqs·(W−1)·tail_blocks blocks past the pool (memory set aside by
       patch_cpu_worker / patch_gpu_worker); vLLM's own binding then sees those views. For
@@ -76,16 +76,18 @@ def _swap_drafter_and_sampler(original):
         cfg = from_additional_config(vllm_config.additional_config)
         if cfg is None or getattr(self, "drafter", None) is None:
             return
+        from vllm_mtad.policy.controller import SpeculationController
         from vllm_mtad.proposer import MTADProposer
         from vllm_mtad.request_state import MTADRequestState
         from vllm_mtad.sampler import MTADRejectionSampler
 
         state = MTADRequestState(cfg, self.requests, self.input_batch)
+        speculation = SpeculationController(cfg, self.device)
         self.drafter = MTADProposer(vllm_config=vllm_config, device=self.device, state=state,
-                                    runner=self)
+                                    speculation=speculation, runner=self)
         self.rejection_sampler = MTADRejectionSampler(
             self.sampler, self.speculative_config, self.device, mtad=cfg, state=state,
-            speculation=self.drafter.speculation)
+            speculation=speculation)
 
     return __init__
 
@@ -122,12 +124,15 @@ def _with_draft_only_blocks(original):
     @functools.wraps(original)
     def initialize_kv_cache_tensors(self, kv_cache_config, *args, **kwargs):
         from vllm_mtad import draft_scratch
+        from vllm_mtad.proposer import draft_layers_of
 
-        plan = draft_scratch.plan_for(self, pool_blocks=kv_cache_config.num_blocks)
-        if plan is None:
+        scratch = draft_scratch.scratch_for(self, draft_layers_of(self),
+                                            pool_blocks=kv_cache_config.num_blocks)
+        if scratch is None:
             return original(self, kv_cache_config, *args, **kwargs)
-        out = original(self, draft_scratch.with_scratch(kv_cache_config, plan), *args, **kwargs)
-        self.drafter.scratch = plan
+        out = original(self, draft_scratch.with_scratch(kv_cache_config, scratch), *args,
+                       **kwargs)
+        self.drafter.scratch = scratch
         return out
 
     return initialize_kv_cache_tensors
@@ -138,10 +143,10 @@ def _allocate_draft_only_blocks(original):
     def allocate_kv_cache(kv_cache_config, device, layout, kernel_block_sizes=None):
         from vllm_mtad import draft_scratch
 
-        plan = draft_scratch.scratch_of(kv_cache_config)
-        if plan is None:
+        scratch = draft_scratch.scratch_of(kv_cache_config)
+        if scratch is None:
             return original(kv_cache_config, device, layout, kernel_block_sizes)
         return draft_scratch.allocate(original, kv_cache_config, device, layout,
-                                      kernel_block_sizes, plan)
+                                      kernel_block_sizes, scratch)
 
     return allocate_kv_cache

@@ -10,7 +10,7 @@ Why: the engine sizes the shared KV pool from the bytes each worker reports; MTA
     over-committed cache). The (W, γ) the policy chose must reach the front end's metrics,
     and the step's output is the one channel from the worker to the scheduler.
 How: determine_available_memory: wraps the method
-    (vllm_mtad.draft_scratch.wrap_available_memory); for MTAD runners
+    (vllm_mtad.draft_scratch.wrap_available_memory, with the drafter's layers: vllm_mtad.proposer.available_memory_less_scratch); for MTAD runners
     with W > 1 it returns the original figure minus the scratch bytes, and fails at startup,
     naming beam_width, max_num_seqs and max_model_len, when what is left cannot hold one
     max_model_len request, or when the resolved KV layout is not layer-outermost. Other
@@ -38,17 +38,17 @@ from vllm_mtad.patching import is_patched, patch
 def apply() -> None:
     from vllm.v1.worker.gpu_worker import Worker
 
-    from vllm_mtad.draft_scratch import wrap_available_memory
+    from vllm_mtad.proposer import available_memory_less_scratch
 
     if is_patched(Worker, "determine_available_memory"):
         return
-    patch(Worker, "determine_available_memory", wrap_available_memory, __name__)
+    patch(Worker, "determine_available_memory", available_memory_less_scratch, __name__)
     patch(Worker, "sample_tokens", _with_policy_counts, __name__)
 
 
 def _with_policy_counts(original):
     from vllm_mtad.metrics import attach
-    from vllm_mtad.speculation import of_worker
+    from vllm_mtad.policy.controller import of_worker
 
     @functools.wraps(original)
     def sample_tokens(self, *args, **kwargs):

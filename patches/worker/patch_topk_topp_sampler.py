@@ -59,10 +59,10 @@ def selecting(original):
 
 
 def _select(logits, k, p):
-    from vllm_mtad.core import mask_top_k_top_p, plan_candidates
+    from vllm_mtad.core import mask_top_k_top_p, size_candidates
 
     R, V = logits.shape
-    plan = plan_candidates(V, 1, [False] * R, k.tolist(), p.tolist())  # CPU tensors: no sync
+    plan = size_candidates(V, 1, [False] * R, k.tolist(), p.tolist())  # CPU tensors: no sync
     return mask_top_k_top_p(logits, k, p, plan)
 
 

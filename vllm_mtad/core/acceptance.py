@@ -45,7 +45,7 @@ class AcceptanceResult:
     num_accepted: torch.Tensor
     # [B, γ] int64: column g-1 holds k* of the draft's first g tokens alone (what a draft of
     # length g would have had accepted); the last column is num_accepted. For the speculation
-    # policy's acceptance statistics (vllm_mtad.core.policy.AcceptanceStats).
+    # policy's acceptance statistics (vllm_mtad.policy.stats.AcceptanceStats).
     prefix_accepted: torch.Tensor | None = None
 
 
@@ -167,35 +167,24 @@ def accepted_lengths(
                                  greedy_exact)
 
 
-def extra_tokens_from(
-    candidates: Candidates,
-    greedy: torch.Tensor,
-    seeds: torch.Tensor,
-    positions: torch.Tensor,
-    any_sampled: bool | None = None,
-) -> torch.Tensor:
+def extra_tokens_from(candidates: Candidates, keys: noise.NoiseKeys) -> torch.Tensor:
     """One token per row from the given distribution: Gumbel-max sampling keyed by (seed,
     position) for sampled rows, the argmax (first, i.e. lowest id, among ties) for greedy rows.
 
     Args:
         candidates: [B, K] processed log-probs (and ids unless dense, K = V); noise of token v
             is keyed by column v, so sparse and dense draw the same sample.
-        greedy: [B] bool; seeds: [B] int64.
-        positions: [B] int64, the sequence position of the token drawn (noise key).
-        any_sampled: known on the host, or None (read from ``greedy``: a device sync).
+        keys: per row, greedy, seed, and the sequence position of the token drawn.
     Returns:
         [B] int64.
     """
     logprobs = candidates.logprobs.to(torch.float32)
     B, K = logprobs.shape
-    sampled = ~greedy
-    if any_sampled is None:
-        any_sampled = bool(sampled.any())
-    if any_sampled:
-        keys = noise.row_keys(seeds, positions, 0, noise.STREAM_EXTRA_TOKEN)
-        gumbel = (noise.gumbel(keys, K) if candidates.token_ids is None
-                  else noise.gumbel_at(keys, candidates.token_ids))
-        logprobs = torch.where(sampled[:, None], logprobs + gumbel, logprobs)  # Gumbel-max
+    if keys.sampled_any_host_sync():
+        row = noise.row_keys(keys.seeds, keys.positions, 0, noise.STREAM_EXTRA_TOKEN)
+        gumbel = (noise.gumbel(row, K) if candidates.token_ids is None
+                  else noise.gumbel_at(row, candidates.token_ids))
+        logprobs = torch.where(~keys.greedy[:, None], logprobs + gumbel, logprobs)  # Gumbel-max
     best = logprobs.argmax(dim=1)
     if candidates.token_ids is None:
         return best
@@ -221,7 +210,15 @@ def extra_tokens(
         [B] int64.
     """
     cands = DenseTarget(target_logprobs).candidates_at(num_accepted)
-    return extra_tokens_from(cands, greedy, seeds, positions + num_accepted)
+    return extra_tokens_from(cands, noise.NoiseKeys(greedy, seeds, positions + num_accepted))
+
+
+@dataclass(frozen=True)
+class Bonus:
+    """vLLM's bonus token per row, for rows whose whole draft is accepted."""
+
+    num_drafts: torch.Tensor  # [B] int: each row's own draft length
+    token_ids: torch.Tensor  # [B] int: the bonus token, sampled by vLLM's own sampler
 
 
 def mtad_accept(
@@ -229,13 +226,9 @@ def mtad_accept(
     draft_logprobs: torch.Tensor,
     target: torch.Tensor | TargetView,
     threshold: torch.Tensor,
-    greedy: torch.Tensor,
     greedy_exact: torch.Tensor,
-    seeds: torch.Tensor,
-    positions: torch.Tensor,
-    num_drafts: torch.Tensor | None = None,
-    bonus_token_ids: torch.Tensor | None = None,
-    any_sampled: bool | None = None,
+    keys: noise.NoiseKeys,
+    bonus: Bonus | None = None,
 ) -> AcceptanceResult:
     """Apply MTAD's acceptance rule to a batch; see the module docstring for the terms. This
     is the one function both the tests' oracles and vLLM's sampler run.
@@ -246,27 +239,24 @@ def mtad_accept(
         target: [B, γ+1, V] float log p̃ (processed for sampled rows, plain log-softmax for
             greedy rows), or a :class:`TargetView` giving the same answers.
         threshold: [B] float, τ per row.
-        greedy: [B] bool; greedy_exact: [B] bool ("exact" mode, read only for greedy rows).
-        seeds, positions: [B] int64, noise keys for the extra token (positions: sequence
-            position of the first draft token).
-        num_drafts, bonus_token_ids: [B] int each, or None. With them, a row whose whole draft
-            is accepted (k* >= num_drafts) takes bonus_token_ids (vLLM's bonus token, sampled
-            by vLLM's own sampler) and the target is never asked about position γ+1.
-        any_sampled: known on the host, or None (a device sync).
+        greedy_exact: [B] bool ("exact" mode, read only for greedy rows).
+        keys: per row, greedy, seed, and the sequence position of the first draft token
+            (noise keys of the extra token).
+        bonus: with it, a row whose whole draft is accepted (k* >= num_drafts) takes vLLM's
+            bonus token, and the target is never asked about position γ+1.
     """
     if isinstance(target, torch.Tensor):
         target = DenseTarget(target)
     gamma = draft_token_ids.shape[1]
-    exact = greedy & greedy_exact
+    exact = keys.greedy & greedy_exact
     target_lp, target_argmax = target.at_drafts(draft_token_ids)
     prefix_k = prefix_accepted_lengths_from(draft_token_ids, draft_logprobs, target_lp,
                                             target_argmax, threshold, exact)
     k = prefix_k[:, -1]
-    at = k if bonus_token_ids is None else k.clamp(max=gamma - 1)
-    extra = extra_tokens_from(target.candidates_at(at), greedy, seeds, positions + at,
-                              any_sampled)
-    if bonus_token_ids is not None:
-        extra = torch.where(k >= num_drafts, bonus_token_ids.to(extra.dtype), extra)
+    at = k if bonus is None else k.clamp(max=gamma - 1)
+    extra = extra_tokens_from(target.candidates_at(at), keys.shifted(at))
+    if bonus is not None:
+        extra = torch.where(k >= bonus.num_drafts, bonus.token_ids.to(extra.dtype), extra)
     return AcceptanceResult(output_token_ids=assemble_output(draft_token_ids, k, extra),
                             num_accepted=k, prefix_accepted=prefix_k)
 

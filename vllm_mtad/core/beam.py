@@ -46,74 +46,84 @@ class BeamState:
         return self.tokens[:, :, -1]
 
 
+@dataclass(frozen=True)
+class StepCandidates:
+    """The candidates of one beam step, sparse: only the K tokens per input beam that can be
+    chosen (:func:`vllm_mtad.core.processing.draft_candidates`)."""
+
+    # [B, W_in, K] float: log q̃ of each candidate.
+    logprobs: torch.Tensor
+    # [B, W_in, K] int64: the token id of each candidate.
+    token_ids: torch.Tensor
+    # V: the noise of candidate (beam b, token v) is keyed by the index b·V + v, so sparse and
+    # dense steps draw the same noise.
+    vocab_size: int
+
+
 def beam_step(
-    draft_logprobs: torch.Tensor,
+    candidates: torch.Tensor | StepCandidates,
     state: BeamState | None,
     beam_width: int,
-    greedy: torch.Tensor,
-    seeds: torch.Tensor,
-    positions: torch.Tensor,
+    keys: noise.NoiseKeys,
     step: int,
     row_beam_width: torch.Tensor | None = None,
-    token_ids: torch.Tensor | None = None,
-    vocab_size: int | None = None,
-    any_sampled: bool | None = None,
 ) -> BeamState:
     """Extend the beams of every row by one token.
 
     Args:
-        draft_logprobs: [B, W_in, K] float, log q̃(v | context, beam) of each input beam's
+        candidates: [B, W_in, K] float, log q̃(v | context, beam) of each input beam's
             candidate tokens; processed (temperature/top-k/top-p/min-p) for sampled rows, plain
-            log-softmax for greedy rows. Dense (``token_ids`` None): K = V, candidate v is token
-            v. Sparse: the candidates of :func:`vllm_mtad.core.processing.draft_candidates`
-            (every token left out has probability 0, or, for greedy rows, cannot be among the
-            W best). W_in = 1 at step 1 (``state is None``), else ``state``'s W.
+            log-softmax for greedy rows. Dense (a tensor): K = V, candidate v is token v.
+            Sparse (:class:`StepCandidates`): every token left out has probability 0, or, for
+            greedy rows, cannot be among the W best. W_in = 1 at step 1 (``state is None``),
+            else ``state``'s W.
         state: the beams after the previous step, or None at step 1.
         beam_width: W, beams kept per row.
-        greedy: [B] bool, rows decoded by beam search instead of beam sampling.
-        seeds: [B] int64, per-request seeds (noise key).
-        positions: [B] int64, sequence position of the first draft token (noise key).
+        keys: per row, greedy (beam search instead of beam sampling), seed, and the sequence
+            position of the first draft token (noise keys).
         step: 1-based draft step (noise key).
         row_beam_width: [B] int64 or None; beams at index >= this are killed for that row
             (a request without KV room for W beams drafts with one).
-        token_ids: [B, W_in, K] int64 token id of each candidate, or None (dense).
-        vocab_size: V; required with ``token_ids`` (the noise of candidate (beam b, token v) is
-            keyed by the index b·V + v, so sparse and dense steps draw the same noise).
-        any_sampled: whether some row is sampled, known on the host; None: read from ``greedy``
-            (a device sync).
     Returns:
         The new BeamState, W beams per row, sorted by selection order (for greedy rows, by
         descending score).
     """
+    sparse = isinstance(candidates, StepCandidates)
+    draft_logprobs = candidates.logprobs if sparse else candidates
+    token_ids = candidates.token_ids if sparse else None
     assert draft_logprobs.ndim == 3, f"draft_logprobs must be [B, W_in, K], got {tuple(draft_logprobs.shape)}"
     B, W_in, K = draft_logprobs.shape
     assert (state is None) == (step == 1), "state must be None exactly at step 1"
     assert state is None or state.scores.shape == (B, W_in)
-    assert greedy.shape == seeds.shape == positions.shape == (B,)
-    assert token_ids is None or (token_ids.shape == draft_logprobs.shape and vocab_size)
-    V = K if token_ids is None else vocab_size
+    assert keys.greedy.shape == keys.seeds.shape == keys.positions.shape == (B,)
+    assert token_ids is None or token_ids.shape == draft_logprobs.shape
+    V = candidates.vocab_size if sparse else K
 
     prev_scores = (torch.zeros(B, 1, device=draft_logprobs.device) if state is None
                    else state.scores)
     # [B, W_in * K]: joint log-probability of every (beam, candidate) pair.
     cand = (prev_scores[:, :, None] + draft_logprobs.to(torch.float32)).reshape(B, W_in * K)
 
-    perturbed = cand
-    sampled = ~greedy
-    if any_sampled is None:
-        any_sampled = bool(sampled.any())
-    if any_sampled:
-        keys = noise.row_keys(seeds, positions, step, noise.STREAM_DRAFT)
-        if token_ids is None:
-            gumbel = noise.gumbel(keys, W_in * V)
-        else:
-            beam = torch.arange(W_in, device=token_ids.device, dtype=torch.int64)
-            cols = (beam[None, :, None] * V + token_ids).reshape(B, W_in * K)
-            gumbel = noise.gumbel_at(keys, cols)
-        perturbed = torch.where(sampled[:, None], cand + gumbel, cand)
+    perturbed = _perturbed(cand, keys, step, token_ids, V)
+    chosen, new_scores = _select(perturbed, cand, beam_width, row_beam_width)
+    parents = chosen // K  # [B, W]
+    if token_ids is None:
+        tokens = chosen % K  # [B, W]
+    else:
+        tokens = token_ids.reshape(B, W_in * K).gather(1, chosen)
+    token_lp = draft_logprobs.reshape(B, W_in * K).gather(1, chosen).to(torch.float32)
 
-    k = min(beam_width, W_in * K)
-    # [B, k]: the chosen candidates, best (perturbed) first.
+    hist_tokens, hist_lp = _extend_history(state, parents, tokens, token_lp)
+    return BeamState(scores=new_scores, tokens=hist_tokens, token_logprobs=hist_lp,
+                     parents=parents)
+
+
+def _select(perturbed: torch.Tensor, cand: torch.Tensor, beam_width: int,
+            row_beam_width: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, W] indices of the chosen candidates, best (perturbed) first, and their unperturbed
+    joint scores; dead beams (-inf) past the candidates and past each row's beam width."""
+    B = cand.shape[0]
+    k = min(beam_width, cand.shape[1])
     _, chosen = perturbed.topk(k, dim=-1)
     new_scores = cand.gather(1, chosen)
     if k < beam_width:  # fewer candidates than beams: pad with dead beams.
@@ -124,24 +134,37 @@ def beam_step(
         beam_idx = torch.arange(beam_width, device=chosen.device)
         new_scores = new_scores.masked_fill(beam_idx[None, :] >= row_beam_width[:, None],
                                             float("-inf"))
+    return chosen, new_scores
 
-    parents = chosen // K  # [B, W]
+
+def _perturbed(cand: torch.Tensor, keys: noise.NoiseKeys, step: int,
+               token_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """[B, W_in·K] joint scores, with Gumbel noise added on the sampled rows (keyed by seed,
+    position, step and the candidate's index b·V + v)."""
+    if not keys.sampled_any_host_sync():
+        return cand
+    B = cand.shape[0]
+    row = noise.row_keys(keys.seeds, keys.positions, step, noise.STREAM_DRAFT)
     if token_ids is None:
-        tokens = chosen % K  # [B, W]
+        gumbel = noise.gumbel(row, cand.shape[1])
     else:
-        tokens = token_ids.reshape(B, W_in * K).gather(1, chosen)
-    token_lp = draft_logprobs.reshape(B, W_in * K).gather(1, chosen).to(torch.float32)
+        W_in, K = token_ids.shape[1:]
+        beam = torch.arange(W_in, device=token_ids.device, dtype=torch.int64)
+        cols = (beam[None, :, None] * vocab_size + token_ids).reshape(B, W_in * K)
+        gumbel = noise.gumbel_at(row, cols)
+    return torch.where(~keys.greedy[:, None], cand + gumbel, cand)
 
+
+def _extend_history(state: BeamState | None, parents: torch.Tensor, tokens: torch.Tensor,
+                    token_lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, W, t+1] tokens and log-probs: each new beam's parent's history, then its token."""
     if state is None:
-        hist_tokens = tokens[:, :, None]
-        hist_lp = token_lp[:, :, None]
-    else:
-        t = state.num_steps
-        idx = parents[:, :, None].expand(B, beam_width, t)
-        hist_tokens = torch.cat([state.tokens.gather(1, idx), tokens[:, :, None]], dim=2)
-        hist_lp = torch.cat([state.token_logprobs.gather(1, idx), token_lp[:, :, None]], dim=2)
-    return BeamState(scores=new_scores, tokens=hist_tokens, token_logprobs=hist_lp,
-                     parents=parents)
+        return tokens[:, :, None], token_lp[:, :, None]
+    B, W = parents.shape
+    idx = parents[:, :, None].expand(B, W, state.num_steps)
+    hist_tokens = torch.cat([state.tokens.gather(1, idx), tokens[:, :, None]], dim=2)
+    hist_lp = torch.cat([state.token_logprobs.gather(1, idx), token_lp[:, :, None]], dim=2)
+    return hist_tokens, hist_lp
 
 
 def keep_rows(new: BeamState, old: BeamState, frozen: torch.Tensor) -> BeamState:

@@ -13,6 +13,8 @@ depend on the device or on the batch layout.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 
 from vllm_mtad import envs
@@ -37,6 +39,28 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     x = x ^ (x >> 15)
     x = _mul32(x, 0x846CA68B)
     return x ^ (x >> 16)
+
+
+@dataclass(frozen=True)
+class NoiseKeys:
+    """What travels with every batch of rows that may draw noise: which rows are sampled and
+    the key of each row's noise."""
+
+    greedy: torch.Tensor  # [B] bool: rows decoded without noise (argmax / beam search)
+    seeds: torch.Tensor  # [B] int64: the request's seed
+    positions: torch.Tensor  # [B] int64: the sequence position the noise is for
+    # Whether some row is sampled, known on the host; None: read from ``greedy`` (a sync).
+    any_sampled: bool | None = None
+
+    def sampled_any_host_sync(self) -> bool:
+        """Whether some row is sampled (a device read when ``any_sampled`` is None)."""
+        if self.any_sampled is None:
+            return bool((~self.greedy).any())
+        return self.any_sampled
+
+    def shifted(self, offset) -> "NoiseKeys":
+        """The same rows keyed ``offset`` positions on ([B] tensor or int)."""
+        return replace(self, positions=self.positions + offset)
 
 
 def row_keys(seeds: torch.Tensor, positions: torch.Tensor, step: int | torch.Tensor,

@@ -20,7 +20,7 @@ Two forms of the same distribution:
   k-selection over the logits (no sort): for a sampled row with top-k, its top-k tokens (ties
   at the k-th value kept) with top-p applied on them; for a greedy row, its top K by logit (a
   beam step keeps W beams, so K >= W candidates per beam suffice). Rows that need every token
-  (sampled, no top-k) make the whole call dense, K = V. :func:`plan_candidates` chooses K on the
+  (sampled, no top-k) make the whole call dense, K = V. :func:`size_candidates` chooses K on the
   host from the requests' settings.
 """
 
@@ -127,7 +127,7 @@ MAX_SPARSE_FRACTION = 0.125
 
 
 @dataclass(frozen=True)
-class CandidatePlan:
+class CandidateSizing:
     """Decided on the host from the requests' settings, once per batch: no device sync."""
 
     # K candidates per row, or None: dense (every token).
@@ -140,8 +140,8 @@ class CandidatePlan:
     any_greedy: bool = True
 
 
-def plan_candidates(vocab_size: int, beam_width: int, greedy: list[bool], top_k: list[int],
-                    top_p: list[float]) -> CandidatePlan:
+def size_candidates(vocab_size: int, beam_width: int, greedy: list[bool], top_k: list[int],
+                    top_p: list[float]) -> CandidateSizing:
     """Host-side: how :func:`draft_candidates` processes a batch.
 
     Args:
@@ -159,8 +159,8 @@ def plan_candidates(vocab_size: int, beam_width: int, greedy: list[bool], top_k:
     num = max(beam_width, max_top_k + max(TIE_SLACK, max_top_k) if active_k else 0)
     any_greedy = len(sampled) < len(greedy)
     if dense or num >= vocab_size * MAX_SPARSE_FRACTION:
-        return CandidatePlan(None, max_top_k, any_top_p, any_greedy)
-    return CandidatePlan(num, max_top_k, any_top_p, any_greedy)
+        return CandidateSizing(None, max_top_k, any_top_p, any_greedy)
+    return CandidateSizing(num, max_top_k, any_top_p, any_greedy)
 
 
 @dataclass
@@ -182,7 +182,7 @@ def draft_candidates(
     temperature: torch.Tensor,
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
-    plan: CandidatePlan,
+    sizing: CandidateSizing,
 ) -> Candidates:
     """The processed distribution of every row as candidates (see the module docstring).
 
@@ -193,16 +193,16 @@ def draft_candidates(
     Args:
         logits: [rows, V] float, raw logits.
         temperature, top_k, top_p: [rows] each (top_k/top_p may be None), vLLM's conventions.
-        plan: from :func:`plan_candidates` for these rows.
+        sizing: from :func:`size_candidates` for these rows.
     Returns:
         :class:`Candidates`.
     """
     assert logits.ndim == 2, f"logits must be [rows, V], got {tuple(logits.shape)}"
     R, V = logits.shape
-    if plan.num_candidates is None or plan.num_candidates >= V:
-        return Candidates(dense_processed_logprobs(logits, temperature, top_k, top_p, plan),
+    if sizing.num_candidates is None or sizing.num_candidates >= V:
+        return Candidates(dense_processed_logprobs(logits, temperature, top_k, top_p, sizing),
                           None, torch.zeros(R, dtype=torch.bool, device=logits.device))
-    K = plan.num_candidates
+    K = sizing.num_candidates
     greedy, temp = greedy_and_divisor(temperature)
     # [R, K] descending; ties in an order fixed below.
     values, ids = logits.topk(K, dim=-1)
@@ -218,10 +218,10 @@ def draft_candidates(
     # Greedy rows: plain log-softmax over the whole vocabulary (one read for the normaliser,
     # only when the batch has greedy rows).
     greedy_lp = None
-    if plan.any_greedy:
+    if sizing.any_greedy:
         greedy_lp = values - logits.to(torch.float32).logsumexp(dim=-1)[:, None]
 
-    if top_k is None:  # only greedy rows can be sparse without top-k (see plan_candidates)
+    if top_k is None:  # only greedy rows can be sparse without top-k (see size_candidates)
         k = torch.full((R,), K, dtype=torch.int64, device=logits.device)
     else:
         k = top_k.to(torch.int64).clamp(1, K)
@@ -240,33 +240,33 @@ def draft_candidates(
 
 
 def mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                     plan: CandidatePlan, greedy: torch.Tensor | None = None
+                     sizing: CandidateSizing, greedy: torch.Tensor | None = None
                      ) -> torch.Tensor | None:
     """vLLM's ``apply_top_k_top_p(logits, top_k, top_p)`` by one k-selection per row: the
     logits with every token outside its row's top-k/top-p set at -inf and the kept ones
     unchanged, so that a sampler drawing from the result draws what it draws after vLLM's sort
     (same kept set; tokens with equal logits at the top-p boundary are ordered as
     :func:`processed_logprobs` orders them, where vLLM's unstable sort is arbitrary). None
-    where a selection cannot decide, and the caller must take vLLM's sort: ``plan`` dense (a
+    where a selection cannot decide, and the caller must take vLLM's sort: ``sizing`` dense (a
     row without top-k) or a row's ties at its k-th value reaching past the candidates (read on
     the host: a sync, free on the CPU this is for).
 
     Args:
         logits: [rows, V] float, scaled by temperature already (as vLLM's sampler hands them).
         top_k, top_p: [rows] each, vLLM's conventions.
-        plan: from :func:`plan_candidates` for these rows (beam width 1).
+        sizing: from :func:`size_candidates` for these rows (beam width 1).
         greedy: [rows] bool or None; rows left as they are (vLLM takes their argmax).
     Returns:
         [rows, V] float, a new tensor, or None.
     """
-    if plan.num_candidates is None:
+    if sizing.num_candidates is None:
         return None
     R = logits.shape[0]
     if greedy is None:
         greedy = torch.zeros(R, dtype=torch.bool, device=logits.device)
     # Select at temperature 1 (the logits are scaled); 0 marks greedy rows for draft_candidates.
     temp = (~greedy).to(torch.float32)
-    cands = draft_candidates(logits, temp, top_k, top_p, replace(plan, any_greedy=False))
+    cands = draft_candidates(logits, temp, top_k, top_p, replace(sizing, any_greedy=False))
     if bool(cands.overflow.any()):
         return None
     kept = torch.where(torch.isinf(cands.logprobs), float("-inf"),
@@ -277,22 +277,22 @@ def mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Ten
 
 def dense_processed_logprobs(logits: torch.Tensor, temperature: torch.Tensor,
                              top_k: torch.Tensor | None, top_p: torch.Tensor | None,
-                             plan: CandidatePlan) -> torch.Tensor:
+                             sizing: CandidateSizing) -> torch.Tensor:
     """:func:`processed_logprobs` without its full sort when no row uses top-p: top-k masks
     below the k-th value found by a k-selection. With top-p, the definition itself (a sort).
 
     Returns:
         [rows, V] float32.
     """
-    if plan.any_top_p:
+    if sizing.any_top_p:
         return processed_logprobs(logits, temperature, top_k, top_p)
     R, V = logits.shape
     greedy, temp = greedy_and_divisor(temperature)
     scaled = logits.to(torch.float32) / temp[:, None]
-    if top_k is not None and plan.max_top_k > 0:
+    if top_k is not None and sizing.max_top_k > 0:
         k = top_k.to(torch.int64)
         k_active = _top_k_active(k, greedy, V)
-        k_sel = min(plan.max_top_k, V)
+        k_sel = min(sizing.max_top_k, V)
         top = scaled.topk(k_sel, dim=-1).values  # [R, k_sel]
         kth = top.gather(1, (k.clamp(1, k_sel) - 1)[:, None])
         scaled = scaled.masked_fill(k_active[:, None] & (scaled < kth), float("-inf"))

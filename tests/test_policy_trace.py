@@ -1,0 +1,40 @@
+"""The speculation policy's choices on a recorded engine trace stay what they were.
+
+tests/data/policy-trace.jsonl.gz holds 643 decisions of the adaptive policy on the tiny pair
+(devtools.policy_trace record: the target as its own draft, then the tiny draft; sampled,
+joint and exact requests at batch 1 and 6), recorded before the policy became a package
+(commit of the recording: the policy in vllm_mtad/core/policy.py). Each decision's inputs are
+rebuilt with today's code and must give the same arm at the same predicted goodput.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+TRACE = Path(__file__).parent / "data" / "policy-trace.jsonl.gz"
+
+
+def test_the_recorded_decisions_replay_to_the_same_plans():
+    from devtools.policy_trace import replay
+
+    n, differ = replay(str(TRACE))
+    assert n == 643
+    assert differ == []
+
+
+def test_the_replay_notices_a_changed_policy(monkeypatch):
+    """The check can fail: a policy that prices beam steps at half their cost chooses
+    otherwise somewhere in the trace."""
+    from devtools.policy_trace import replay
+    from vllm_mtad.policy.cost import CostModel
+
+    step_time = CostModel.step_time
+    monkeypatch.setattr(CostModel, "step_time",
+                        lambda self, batch, w, g, owed_share=1.0:
+                        step_time(self, batch, w, g, owed_share) * (0.5 if g else 1.0))
+    _, differ = replay(str(TRACE))
+    assert differ
