@@ -18,7 +18,8 @@ setup(
     python_requires=">=3.11",
     # patches/ sits at the top of the repository (one file per patched vLLM module) and is
     # installed as the subpackage vllm_mtad.patches.
-    packages=["vllm_mtad", "vllm_mtad.core", "vllm_mtad.patches", "vllm_mtad.patches.engine",
+    packages=["vllm_mtad", "vllm_mtad.core", "vllm_mtad.policy", "vllm_mtad.patches",
+              "vllm_mtad.patches.engine",
               "vllm_mtad.patches.worker", "vllm_mtad.patches.platform"],
     package_dir={"vllm_mtad.patches": "patches"},
     install_requires=["numpy", "tqdm"],

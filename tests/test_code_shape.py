@@ -78,3 +78,14 @@ def test_the_checks_can_fail(tmp_path):
     tree = ast.parse(f"def f(a, b, c, d, e, f, g, h):\n{body}\n")
     f = tree.body[0]
     assert f.end_lineno - f.lineno + 1 == 61 and _parameters(f) == 8
+
+
+def test_setup_installs_every_package():
+    """A non-editable install ships only the packages setup.py names: every folder of the
+    package with an __init__.py is one of them."""
+    import re
+
+    names = set(re.findall(r'"(vllm_mtad[\w.]*)"', (ROOT / "setup.py").read_text()))
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
+    found |= {"vllm_mtad.patches." + p.parent.name for p in (ROOT / "patches").glob("*/__init__.py")}
+    assert found - {"vllm_mtad.patches"} <= names

@@ -268,6 +268,7 @@ def allocate(original, kv_cache_config, device, layout, kernel_block_sizes, scra
         "to %d requests of a batch (%d block(s) per beam, %d draft layers, block ids %d..%d; "
         "max_num_seqs %d, beam_kv_fraction %s); the target's layers reserve only vLLM's own "
         "lookahead per request", scratch.blocks, scratch.bytes / 2**20, scratch.beam_width - 1,
-        scratch.rows, scratch.tail_blocks, len(draft), scratch.base, scratch.base + scratch.blocks - 1,
+        scratch.rows, scratch.tail_blocks, len(draft), scratch.base,
+        scratch.base + scratch.blocks - 1,
         scratch.max_rows, scratch.fraction)
     return kv_caches

@@ -16,7 +16,8 @@ neither holds the runner nor the other. It holds:
   (its acceptance statistics are counted by that width), where its draft KV stops
   (:class:`vllm_mtad.policy.draft_kv.DraftKVTracker`), and what pricing a step reads of the
   rows (:meth:`MTADRequestState.demand`). The policy's engine-wide state — cost lines,
-  acceptance counts, chosen plans — is the :class:`vllm_mtad.policy.controller.SpeculationController`'s.
+  acceptance counts, chosen plans — is the
+  :class:`vllm_mtad.policy.controller.SpeculationController`'s.
 
 One pruning rule: a request is forgotten everywhere when vLLM's runner forgets it (the
 scheduler's ``finished_req_ids``, at the start of the step that reports them).
@@ -193,7 +194,7 @@ class MTADRequestState:
 
     # --- the batch ----------------------------------------------------------------------------
     def candidate_sizing(self, num_rows: int, vocab_size: int, beam_width: int
-                   ) -> tuple[list[bool], CandidateSizing]:
+                         ) -> tuple[list[bool], CandidateSizing]:
         """Per batch, on the host: which rows are greedy, and how draft_candidates processes
         them, from vLLM's own host arrays (temperature_cpu, top_k_cpu, top_p_cpu; no device
         read)."""

@@ -60,10 +60,9 @@ class MTADRejectionSampler(RejectionSampler):
         if metadata.target_logits_indices.numel() == 0:
             # No request has drafts (a step the policy drafts nothing in, an all-prefill
             # step): one token per request, as vLLM's non-speculative path samples it, by the
-            # bonus token's sampler (its top-k/top-p by k-selection on CPU: the same tokens).
-            # vLLM's own sort took 0.2 s of a 0.53 s step at batch 48, T=1, in an engine
-            # drafting nothing (policy-probe-cpu/probe6-b48-eceb5f1 at 97a6346, docs/results-history.md).
-            # (Going on would hand vLLM's apply_top_k_only an empty tensor, which fails when a
+            # bonus token's sampler (its top-k/top-p by k-selection on CPU: the same tokens,
+            # without vLLM's sort of the vocabulary; docs/policy-decisions.md
+            # #no-draft-steps-sampler). (Going on would hand vLLM's apply_top_k_only an empty tensor, which fails when a
             # request uses top-k without top-p.)
             return self.bonus_sampler(logits=logits[metadata.bonus_logits_indices],
                                       sampling_metadata=sampling_metadata)
@@ -265,10 +264,8 @@ class SelectingTopKTopP(torch.nn.Module):
     row's ties at its k-th value reach past the candidates; otherwise vLLM's own call.
 
     Why: on CPU vLLM sorts each row's V logits whenever a request uses top-p (its
-    apply_top_k_top_p without Triton): 10 ms a row of the real pair's 151,936 tokens on the
-    project's 2-core CPU, where a k-selection takes 0.16 ms (measured), and MTAD's sampler
-    spent 9.9 ms of a 231 ms batch-1 step drawing one bonus token (benchmarks.phases step,
-    T=1). The masks agree but for the order among tokens with equal logits at the top-p
+    apply_top_k_top_p without Triton), which costs far more than one k-selection a row
+    (docs/policy-decisions.md#bonus-token-k-selection). The masks agree but for the order among tokens with equal logits at the top-p
     boundary (vLLM's sort is unstable there; this one is the stable order of
     processed_logprobs) and float rounding of the normaliser: tests/test_sampler.py
     compares the tokens drawn."""

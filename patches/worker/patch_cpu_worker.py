@@ -5,7 +5,8 @@ Why: the engine sizes the shared KV pool from the bytes each worker reports; MTA
     layers also hold S = max_num_seqs·(W−1)·tail_blocks draft-only blocks for the beams'
     private tails (vllm_mtad.draft_scratch), allocated with the pool. Without this the pool
     plus the scratch would exceed ``kv_cache_memory_bytes`` / ``VLLM_CPU_KVCACHE_SPACE``.
-How: wraps the method (vllm_mtad.draft_scratch.wrap_available_memory, with the drafter's layers: vllm_mtad.proposer.available_memory_less_scratch); for MTAD runners
+How: wraps the method (vllm_mtad.draft_scratch.wrap_available_memory, handed the drafter's
+    layers by vllm_mtad.proposer.available_memory_less_scratch); for MTAD runners
     with W > 1 it returns the original figure minus the scratch bytes, and fails at startup,
     naming beam_width, max_num_seqs and max_model_len, when what is left cannot hold one
     max_model_len request, or when the resolved KV layout is not layer-outermost. Other

@@ -15,7 +15,8 @@ How: one wrapper per concern, each a small function below:
       isinstance check in the runner keeps holding. Both get the one
       vllm_mtad.request_state.MTADRequestState made here (the requests' settings, drafts and
       the step's rows) and the one vllm_mtad.policy.controller.SpeculationController made
-      beside it (the policy's engine side); neither holds the runner or the other. Before vLLM's, applies patch_phase_timers (inert unless
+      beside it (the policy's engine side); neither holds the runner or the other. Before
+      vLLM's, applies patch_phase_timers (inert unless
       VLLM_MTAD_PHASE_TIMERS=1; the worker patches are applied once per process, a runner is
       built per engine, and timers may be switched on in between).
     - the step's start (``_update_states``): after vLLM has applied the scheduler's output,

@@ -10,7 +10,8 @@ Why: the engine sizes the shared KV pool from the bytes each worker reports; MTA
     over-committed cache). The (W, γ) the policy chose must reach the front end's metrics,
     and the step's output is the one channel from the worker to the scheduler.
 How: determine_available_memory: wraps the method
-    (vllm_mtad.draft_scratch.wrap_available_memory, with the drafter's layers: vllm_mtad.proposer.available_memory_less_scratch); for MTAD runners
+    (vllm_mtad.draft_scratch.wrap_available_memory, handed the drafter's layers by
+    vllm_mtad.proposer.available_memory_less_scratch); for MTAD runners
     with W > 1 it returns the original figure minus the scratch bytes, and fails at startup,
     naming beam_width, max_num_seqs and max_model_len, when what is left cannot hold one
     max_model_len request, or when the resolved KV layout is not layer-outermost. Other

@@ -114,9 +114,7 @@ def prefix_accepted_lengths_from(
     accepted in a longer draft (S_k passes at some k > g after S_g failed) and not in a draft
     of length g. How many tokens a draft of length g gets accepted is therefore not "min(k*,
     g)" of longer drafts, and a policy choosing the draft length must count each length's own
-    (measured on the real pair at T=1, batch 4: W=1 drafts of 3 tokens, priced from counts
-    pooled over 3- to 8-token drafts, were expected to give 3.56 tokens a row and gave 3.44;
-    policy-probe-cpu at 97a6346 (docs/results-history.md), probe4).
+    (docs/policy-decisions.md#acceptance-per-length).
 
     Args:
         draft_token_ids: [B, γ] int, -1 = invalid position (ends the chain).

@@ -124,8 +124,8 @@ def _solve(a: list, b: list) -> list:
     n = len(b)
     m = [row[:] + [b[i]] for i, row in enumerate(a)]
     for c in range(n):
-        p = max(range(c, n), key=lambda r: abs(m[r][c]))
-        m[c], m[p] = m[p], m[c]
+        pivot = max(range(c, n), key=lambda r: abs(m[r][c]))
+        m[c], m[pivot] = m[pivot], m[c]
         if abs(m[c][c]) < 1e-300:
             return [0.0] * n
         for r in range(n):
