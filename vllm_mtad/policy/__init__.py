@@ -4,7 +4,7 @@
 - :mod:`~vllm_mtad.policy.stats`: how much the target accepts (per class, W and length);
 - :mod:`~vllm_mtad.policy.batch`: the step's batch, the bounds, the plan, who drafts one beam;
 - :mod:`~vllm_mtad.policy.choice`: the choice (expected goodput, exploration);
-- :mod:`~vllm_mtad.policy.timing`, :mod:`~vllm_mtad.policy.histogram`: the measurements;
+- :mod:`~vllm_mtad.policy.clock`, :mod:`~vllm_mtad.policy.histogram`: the measurements;
 - :mod:`~vllm_mtad.policy.controller`: the engine's side (one per MTAD runner);
 - :mod:`~vllm_mtad.policy.draft_kv`: which requests' draft KV lags after steps without drafts.
 

@@ -22,7 +22,7 @@ from vllm_mtad.policy.batch import Batch, Bounds, Plan, batch_beams, prefill_tok
 from vllm_mtad.policy.cost import CostModel
 from vllm_mtad.policy.histogram import AcceptanceHistogram
 from vllm_mtad.policy.stats import new_stats, summary
-from vllm_mtad.policy.timing import StepTimings
+from vllm_mtad.policy.clock import StepTimings
 
 logger = get_logger(__name__)
 
