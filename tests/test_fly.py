@@ -99,3 +99,23 @@ def test_default_window():
     assert [default_window(g) for g in (2, 4, 7, 8, 16)] == [1, 3, 6, 6, 6]
     with pytest.raises(ValueError, match="num_speculative_tokens >= 2"):
         default_window(1)
+
+
+def test_greedy_fly_outputs_accepted_drafts_then_the_targets_argmax_or_the_bonus():
+    """FLy at T=0 in vLLM's output format, on a dense target: row 0's rejection at 1 is
+    deferred (uncertain target, window of 1 natively accepted), so all 3 drafts and the bonus
+    come out; row 1's confident target keeps its rejection at 1: one draft, then the target's
+    argmax there; row 2 has one real draft token, rejected."""
+    from vllm_mtad.core.acceptance import DenseTarget
+    from vllm_mtad.core.fly import fly_accept_greedy
+
+    V = 6
+    argmax = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4], [5, 0, 0, 0]])  # [B, γ+1]
+    logits = torch.full((3, 4, V), -4.0).scatter(2, argmax[:, :, None], 4.0)
+    drafts = torch.tensor([[1, 5, 3], [1, 5, 3], [2, -1, -1]])
+    entropy = torch.tensor([[0.0, 0.9, 0.0], [0.0, 0.1, 0.0], [0.9, 0.0, 0.0]])
+    out = fly_accept_greedy(drafts, DenseTarget(logits.log_softmax(-1)), entropy,
+                            torch.tensor([3, 3, 1]), torch.tensor([7, 7, 7]), window=1)
+    assert out.num_accepted.tolist() == [3, 1, 0]
+    assert out.output_token_ids.tolist() == [[1, 5, 3, 7], [1, 2, -1, -1], [5, -1, -1, -1]]
+    assert out.prefix_accepted.tolist() == [[1, 2, 3], [1, 1, 1], [0, 0, 0]]

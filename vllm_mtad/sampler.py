@@ -25,7 +25,7 @@ token, padded with -1; vLLM's spec-decode metrics derive from it unchanged.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from vllm.v1.outputs import SamplerOutput
@@ -34,6 +34,7 @@ from vllm.v1.sample.rejection_sampler import RejectionSampler
 
 from vllm_mtad.config import MTADConfig
 from vllm_mtad.core import Bonus, NoiseKeys, is_greedy, mask_top_k_top_p, mtad_accept
+from vllm_mtad.core.fly import DEFAULT_ENTROPY_THRESHOLD, fly_accept_greedy, top_k_entropy
 from vllm_mtad.core.processing import Candidates, draft_candidates
 from vllm_mtad.policy.controller import SpeculationController
 from vllm_mtad.request_state import MTADRequestState, row_sampling_params
@@ -53,6 +54,9 @@ class MTADRejectionSampler(RejectionSampler):
         # The bonus token's sampler: vLLM's, with top-k/top-p by k-selection where vLLM's own
         # would sort the vocabulary (see bonus_sampler).
         self.bonus_sampler = bonus_sampler(sampler, state)
+        # A benchmark's baseline on the same drafts (use_comparison_rule): FLy's rule instead
+        # of MTAD's; None, MTAD's. Not a setting of the plugin.
+        self.comparison_rule: FlyRule | None = None
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
         assert metadata.max_spec_len <= vllm_rs.MAX_SPEC_LEN
@@ -88,7 +92,8 @@ class MTADRejectionSampler(RejectionSampler):
         rows = self.state.rows(req_ids)
         # Greedy rows read their draft tokens' target log-probs only under joint acceptance
         # ("exact" compares argmaxes); rows without a request (vLLM's warm-up) count as joint.
-        joint = "joint" in rows.classes or len(req_ids) < len(metadata.num_draft_tokens)
+        joint = ("joint" in rows.classes or len(req_ids) < len(metadata.num_draft_tokens)
+                 or self.comparison_rule is not None)  # (FLy reads them too)
         target = _FlatTarget(metadata, target_logits, sampling_metadata, self.state,
                              need_processed, greedy_logprobs=joint)
         output_token_ids = self._accept(metadata, target, bonus_token_ids, draft_probs,
@@ -126,14 +131,32 @@ class MTADRejectionSampler(RejectionSampler):
         to = lambda x, dtype: torch.tensor(x, dtype=dtype).to(dev, non_blocking=True)  # noqa: E731
         keys = NoiseKeys(greedy, to(seeds, torch.int64), positions.to(dev, non_blocking=True),
                          any_sampled=not sampling_metadata.all_greedy)
-        result = mtad_accept(drafts, draft_lp, target, to(tau, torch.float32),
-                             to(exact, torch.bool), keys,
-                             bonus=Bonus(target.counts, bonus_token_ids[:, 0]))
+        if self.comparison_rule is not None:
+            result = self._fly(drafts, target, bonus_token_ids[:, 0], sampling_metadata)
+        else:
+            result = mtad_accept(drafts, draft_lp, target, to(tau, torch.float32),
+                                 to(exact, torch.bool), keys,
+                                 bonus=Bonus(target.counts, bonus_token_ids[:, 0]))
         if num_real:  # acceptance statistics of the speculation policy (device-side counts)
             widths = [state.widths.get(r, self.mtad.beam_width) for r in req_ids]
             self.speculation.record_acceptance(rows.classes, widths, target.counts[:num_real],
                                                result.prefix_accepted[:num_real])
         return result.output_token_ids
+
+    def _fly(self, drafts, target: "_FlatTarget", bonus_token_ids, sampling_metadata):
+        """FLy's rule on this step's drafts (the comparison baseline; its T=0 form: greedy
+        drafts, target-only acceptance). Its entropy gate reads the target's softmax at each
+        draft position (greedy rows: after the logits processors, as vLLM's greedy sampling)."""
+        if not sampling_metadata.all_greedy:
+            raise NotImplementedError(
+                "the FLy comparison rule runs greedy requests (T=0) only here: its "
+                "probabilistic form needs the draft's distribution at a rejection")
+        rule = self.comparison_rule
+        entropy = top_k_entropy(target.processed_logits.log_softmax(dim=-1))  # [N]
+        entropy = torch.where(target.valid, entropy[target.flat], 0.0)  # [B, γ]
+        window = rule.window if rule.window is not None else min(6, max(target.gamma - 1, 0))
+        return fly_accept_greedy(drafts, target, entropy, target.counts, bonus_token_ids,
+                                 window, rule.entropy_threshold)
 
     def _draft_logprobs(self, draft_probs, target: "_FlatTarget", req_ids):
         """[B, γ] float32 draft log-probs of the scheduled draft tokens (0 past each count),
@@ -331,3 +354,26 @@ def _positions(input_batch, num_rows: int) -> torch.Tensor:
     if input_batch is None:
         return torch.ones(num_rows, dtype=torch.int64)
     return torch.from_numpy(input_batch.num_computed_tokens_cpu[:num_rows].astype("int64")) + 1
+
+
+@dataclass(frozen=True)
+class FlyRule:
+    """FLy's settings as published: the window (None: min(6, γ − 1) of the step's γ) and the
+    entropy threshold (nats, over the target's top-3 probabilities)."""
+
+    window: int | None = None
+    entropy_threshold: float = DEFAULT_ENTROPY_THRESHOLD
+
+
+def use_comparison_rule(rule: FlyRule | None):
+    """For ``LLM.collective_rpc(use_comparison_rule(FlyRule()))``: an MTAD engine verifies its
+    drafts by FLy's rule (arXiv 2511.22972) instead of MTAD's, from its next step (None: MTAD's
+    again). A benchmark's baseline on the same drafts and costs as MTAD's (ask for greedy
+    "exact" requests and one beam: the draft's argmax chain, as vLLM's greedy draft); not a
+    setting of the plugin."""
+    def apply(worker):
+        sampler = getattr(getattr(worker, "model_runner", None), "rejection_sampler", None)
+        if isinstance(sampler, MTADRejectionSampler):
+            sampler.comparison_rule = rule
+    return apply
+

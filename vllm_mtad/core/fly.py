@@ -91,3 +91,40 @@ def fly_accepted_lengths(native: torch.Tensor, deferrable: torch.Tensor,
                 & (entropy >= entropy_threshold) & ahead)
     accepted = (native | deferred).to(torch.int64)
     return accepted.cumprod(dim=1).sum(dim=1)  # leading accepted positions
+
+
+def fly_accept_greedy(draft_token_ids: torch.Tensor, target, entropy: torch.Tensor,
+                      num_drafts: torch.Tensor, bonus_token_ids: torch.Tensor, window: int,
+                      entropy_threshold: float = DEFAULT_ENTROPY_THRESHOLD):
+    """FLy with a greedy draft and target-only acceptance (its T=0 form), in vLLM's output
+    format: a draft token is accepted natively where it is the target's argmax; a native
+    rejection is deferred as :func:`fly_accepted_lengths` says; after k accepted tokens comes
+    the target's argmax at k (k < n) or the bonus token (k = n).
+
+    Args:
+        draft_token_ids: [B, γ] int, -1 = invalid (past the row's own draft).
+        target: a :class:`vllm_mtad.core.acceptance.TargetView` (greedy rows: plain
+            log-softmax answers).
+        entropy: [B, γ] float, :func:`top_k_entropy` of the target at each draft position.
+        num_drafts: [B] int, n; bonus_token_ids: [B] int, the token after a whole draft.
+        window: the native acceptances a deferral needs after it.
+    Returns:
+        AcceptanceResult (prefix_accepted: min(k, g) per prefix length g, which is what a
+        draft of g tokens gets accepted under this rule only where no deferral is involved).
+    """
+    from vllm_mtad.core.acceptance import AcceptanceResult, assemble_output
+
+    B, gamma = draft_token_ids.shape
+    valid = draft_token_ids >= 0
+    target_lp, target_argmax = target.at_drafts(draft_token_ids)
+    native = valid & (draft_token_ids.to(torch.int64) == target_argmax)
+    deferrable = valid & (target_lp > float("-inf"))
+    k = fly_accepted_lengths(native, deferrable, entropy, num_drafts, window, entropy_threshold)
+    rows = target.candidates_at(k.clamp(max=gamma - 1))
+    extra = rows.logprobs.argmax(dim=1)
+    if rows.token_ids is not None:
+        extra = rows.token_ids.gather(1, extra[:, None])[:, 0]
+    extra = torch.where(k >= num_drafts.to(torch.int64), bonus_token_ids.to(extra.dtype), extra)
+    lengths = torch.arange(1, gamma + 1, device=k.device)
+    return AcceptanceResult(output_token_ids=assemble_output(draft_token_ids, k, extra),
+                            num_accepted=k, prefix_accepted=torch.minimum(k[:, None], lengths))

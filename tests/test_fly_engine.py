@@ -1,0 +1,53 @@
+"""FLy's rule as a comparison baseline inside the MTAD engine (vllm_mtad.sampler
+use_comparison_rule), on the tiny pair: the same drafts (the draft's argmax chain), only the
+rule differs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.engine_utils import close, generate_ids, make_llm, mtad_spec, spec_counters
+
+pytestmark = pytest.mark.engine
+
+PROMPTS = [[1 + (i * 5 + j) % 60 for j in range(6 + 4 * i)] for i in range(4)]
+
+
+def test_fly_in_the_engine_reduces_to_exact_and_to_accept_all(tiny_pair_dirs):
+    """With a threshold no entropy reaches, FLy never defers: token for token the "exact"
+    rule, with the same acceptance. With threshold 0 and an empty window every rejection is
+    deferred: every drafted token is accepted. (The tiny draft is not the target: the exact
+    rule rejects some drafts, so both checks can fail.)"""
+    from vllm import SamplingParams
+
+    from vllm_mtad.policy.controller import force_plans
+    from vllm_mtad.sampler import FlyRule, use_comparison_rule
+
+    target_dir, draft_dir = tiny_pair_dirs
+    llm = make_llm(target_dir, mtad_spec(draft_dir, gamma=4, width=4), enforce_eager=True,
+                   disable_log_stats=False)
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True,
+                            extra_args={"greedy_acceptance": "exact"})
+
+    def run():
+        before = spec_counters(llm)
+        out = generate_ids(llm, PROMPTS, params)
+        after = spec_counters(llm)
+        return out, after["draft_tokens"] - before["draft_tokens"], (
+            after["accepted"] - before["accepted"])
+
+    try:
+        llm.collective_rpc(force_plans([(1, 4)]))
+        exact, drafted, accepted = run()
+        assert 0 < accepted < drafted
+        llm.collective_rpc(use_comparison_rule(FlyRule(entropy_threshold=math.inf)))
+        assert run() == (exact, drafted, accepted)
+        llm.collective_rpc(use_comparison_rule(FlyRule(window=0, entropy_threshold=0.0)))
+        loose, drafted, accepted = run()
+        assert accepted == drafted > 0 and loose != exact
+        llm.collective_rpc(use_comparison_rule(None))
+        assert run()[0] == exact
+    finally:
+        close(llm)
