@@ -383,3 +383,31 @@ def test_demo_says_how_much_of_the_lead_is_the_sampler():
     assert sampler_share({"mtad": r(9.0), "sd": r(10.0, 7.5)}).endswith(
         "1.20x vLLM SD with vLLM's own sampler: all of that lead is the sampler on this machine.")
     assert sampler_share({"mtad": r(9.0), "sd": r(10.0)}) is None
+
+
+@pytest.mark.system
+def test_acceptance_table_on_tiny_pair_resumes_and_reports(tmp_path):
+    """benchmarks.acceptance end to end: a record per (configuration, prompt), a rerun that
+    adds nothing, and the table. vLLM's greedy SD and MTAD's "exact" rule on the same argmax
+    chain accept the same tokens (the check the real-pair table carries); no row lost its
+    beams."""
+    out = tmp_path / "out"
+    common = ["benchmarks.acceptance", "--tiny", "--prompts", "chat:3", "--max-tokens", "12",
+              "--gammas", "3", "--widths", "1,2", "--temperatures", "0", "--batch", "3",
+              "--out", str(out)]
+    run_module(common, tmp_path)
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    configs = ["vllm_sd_greedy g3 T0", "mtad_exact w1 g3 T0", "fly g3 T0", "mtad w1 g3 T0",
+               "mtad w2 g3 T0"]
+    assert sorted((r["config"], r["prompt"]) for r in records) == sorted(
+        (c, i) for c in configs for i in range(3))
+    assert all(r["steps"] > 0 and 0 <= r["accepted"] <= 3 * r["steps"] for r in records)
+    by = {(r["config"], r["prompt"]): (r["steps"], r["accepted"]) for r in records}
+    assert all(by[("vllm_sd_greedy g3 T0", i)] == by[("mtad_exact w1 g3 T0", i)]
+               for i in range(3))
+    assert all(r.get("narrowed_rows", 0) == 0 for r in records)
+    before = (out / "records.jsonl").read_text()
+    run_module(common, tmp_path)  # resumed: nothing left to do
+    assert (out / "records.jsonl").read_text() == before
+    table = (out / "acceptance.md").read_text()
+    assert all(c in table for c in configs) and (out / "acceptance.png").exists()

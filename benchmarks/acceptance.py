@@ -1,0 +1,253 @@
+"""Tokens per target pass of each acceptance rule, on the same prompts: a figure that does not
+depend on the machine.
+
+Configurations, per draft length γ (``--gammas``) and temperature (``--temperatures``):
+
+- ``vllm_sd`` (T > 0: probabilistic drafts, rejection sampling) and ``vllm_sd_greedy`` (T = 0:
+  greedy drafts): vLLM's own draft_model engine, one per γ;
+- on one MTAD engine (W ≤ max ``--widths``, γ ≤ max ``--gammas``; ``beam_kv_fraction`` 0.5, so
+  every row of the batch has room for its beams: the run records the rows narrowed to one beam,
+  which must be 0), each with every step's (W, γ) forced:
+  - ``mtad_exact w1`` (T = 0): the draft's argmax chain, accepted while it is the target's
+    argmax: vLLM's greedy rule on MTAD's engine (a check: it must match ``vllm_sd_greedy``);
+  - ``fly`` (T = 0): the same drafts, FLy's rule (vllm_mtad.sampler.use_comparison_rule, its
+    defaults: window min(6, γ − 1), entropy threshold 0.3);
+  - ``mtad w{W}``: MTAD's rule, greedy "joint" at T = 0, sampled at T > 0.
+
+Tokens per target pass of a request: (accepted draft tokens + verify steps) / verify steps,
+from vLLM's per-request spec-decode histogram (a verify step's bonus or extra token counts
+once). One JSONL record per (configuration, prompt set, prompt); a rerun skips the records it
+has (resumable). The summary gives, per configuration and prompt set, the pooled tokens per
+pass, the per-prompt mean with a bootstrap interval, the paired difference against vLLM's
+(per prompt), and the distribution of accepted lengths; a Markdown table and a plot.
+
+    python -m benchmarks.acceptance --temperatures 0 --gammas 4,8 --widths 1,4 \\
+        --prompts humaneval:16,chat:16 --max-tokens 64 --out DIR          # real pair
+    python -m benchmarks.acceptance --tiny --prompts chat:4 --max-tokens 16 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from benchmarks.lib.prompts import PAPER, chat_prompts, humaneval_prompts
+from benchmarks.lib.report import RESULTS, code_version, environment, write_outputs
+from benchmarks.lib.stats import bootstrap_mean, paired_bootstrap_diff
+from devtools.models import add_model_args, resolve_pair
+
+
+def configurations(temperatures, gammas, widths) -> list[dict]:
+    """Every configuration to run: name, engine, temperature, γ, W, request mode, rule."""
+    out = []
+    for t in temperatures:
+        for g in gammas:
+            sd = "vllm_sd_greedy" if t == 0 else "vllm_sd"
+            out.append(dict(name=f"{sd} g{g} T{t:g}", engine=f"{sd}:{g}", t=t, g=g, w=1))
+            if t == 0:
+                out.append(dict(name=f"mtad_exact w1 g{g} T0", engine="mtad", t=t, g=g, w=1,
+                                mode="exact"))
+                out.append(dict(name=f"fly g{g} T0", engine="mtad", t=t, g=g, w=1,
+                                mode="exact", rule="fly"))
+            out += [dict(name=f"mtad w{w} g{g} T{t:g}", engine="mtad", t=t, g=g, w=w,
+                         mode="joint") for w in widths]
+    return out
+
+
+def prompt_sets(spec: str) -> dict[str, list[str]]:
+    """"humaneval:16,chat:16" -> {"humaneval": [...16], "chat": [...16]}."""
+    sources = {"humaneval": humaneval_prompts, "chat": chat_prompts}
+    out = {}
+    for part in spec.split(","):
+        name, n = part.split(":")
+        out[name] = sources[name](int(n))
+    return out
+
+
+def build(engine: str, args, target: str, draft: str, tiny: bool):
+    from devtools.engine import build_llm, draft_model_spec, mtad_spec
+
+    common = dict(dtype="float32" if tiny else args.dtype, max_model_len=2048,
+                  max_num_seqs=args.batch, max_num_batched_tokens=4096, block_size=32,
+                  kv_cache_bytes=(256 << 20) if tiny else (1 << 30), enable_prefix_caching=False,
+                  per_request_spec_decode_metrics="summary")
+    if engine == "mtad":
+        spec = mtad_spec(draft, gamma=max(args.gammas), width=max(args.widths),
+                         beam_kv_fraction=0.5)
+        return build_llm(target, spec, **common)
+    kind, gamma = engine.split(":")
+    extra = {"draft_sample_method": "greedy"} if kind == "vllm_sd_greedy" else {}
+    return build_llm(target, draft_model_spec(draft, int(gamma), **extra), **common)
+
+
+def run_config(llm, config: dict, prompts: list[str], max_tokens: int) -> list[dict]:
+    """One record per prompt: its verify steps, accepted tokens and their histogram."""
+    from vllm import SamplingParams
+
+    if config["engine"] == "mtad":
+        from vllm_mtad.policy.controller import force_plans
+        from vllm_mtad.sampler import FlyRule, use_comparison_rule
+
+        llm.collective_rpc(force_plans([(config["w"], config["g"])]))
+        llm.collective_rpc(use_comparison_rule(FlyRule() if config.get("rule") else None))
+    sampling = PAPER if config["t"] > 0 else {"temperature": 0.0}
+    extra = {"greedy_acceptance": config["mode"]} if config["t"] == 0 and "mode" in config \
+        else None
+    params = [SamplingParams(max_tokens=max_tokens, ignore_eos=False, seed=1000 + i,
+                             extra_args=extra, **sampling) for i in range(len(prompts))]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    records = []
+    for i, out in enumerate(outs):
+        hist = list(out.outputs[0].spec_decode_metrics.histogram)
+        steps = sum(hist)
+        accepted = sum(j * n for j, n in enumerate(hist))
+        records.append(dict(prompt=i, tokens=len(out.outputs[0].token_ids), steps=steps,
+                            accepted=accepted, histogram=hist))
+    return records
+
+
+def narrowed_rows(llm) -> int:
+    from vllm_mtad.proposer import drafter_stats
+
+    return int(llm.collective_rpc(drafter_stats)[0].get("narrowed_rows", 0))
+
+
+def run(args) -> Path:
+    target, draft, tiny = resolve_pair(args)
+    sets = prompt_sets(args.prompts)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "records.jsonl"
+    done = set()
+    if path.exists():
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            done.add((r["config"], r["set"]))
+    configs = configurations(args.temperatures, args.gammas, args.widths)
+    for engine in dict.fromkeys(c["engine"] for c in configs):
+        todo = [(c, s) for c in configs if c["engine"] == engine for s in sets
+                if (c["name"], s) not in done]
+        if not todo:
+            continue
+        llm = build(engine, args, target, draft, tiny)
+        try:
+            for config, name in todo:
+                records = run_config(llm, config, sets[name], args.max_tokens)
+                extra = {"narrowed_rows": narrowed_rows(llm)} if engine == "mtad" else {}
+                with path.open("a") as f:
+                    for r in records:
+                        f.write(json.dumps(r | {"config": config["name"], "set": name} | extra)
+                                + "\n")
+                print(f"{config['name']} on {name}: {tokens_per_pass(records):.3f} tokens "
+                      "per target pass", flush=True)
+        finally:
+            from devtools.engine import close
+
+            close(llm)
+    return path
+
+
+def tokens_per_pass(records: list[dict]) -> float:
+    steps = sum(r["steps"] for r in records)
+    return (sum(r["accepted"] for r in records) + steps) / max(steps, 1)
+
+
+def _paired(records: list[dict], base: list[dict] | None):
+    """(mean, low, high) of the per-prompt difference in tokens per pass, None without a base
+    of the same prompts."""
+    if not base or len(base) != len(records):
+        return None
+    base = sorted(base, key=lambda r: r["prompt"])
+    return paired_bootstrap_diff([tokens_per_pass([r]) for r in records],
+                                 [tokens_per_pass([r]) for r in base])
+
+
+def _cell(diff) -> str:
+    return "–" if diff is None else f"{diff[0]:+.2f} [{diff[1]:+.2f}, {diff[2]:+.2f}]"
+
+
+def summarise(path: Path, args) -> tuple[dict, str]:
+    by = {}
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        by.setdefault((r["config"], r["set"]), []).append(r)
+    rows, table = {}, ["| configuration | prompts | tokens / pass (pooled) | per-prompt mean "
+                       "[95 %] | vs vLLM SD, paired [95 %] | vs FLy, paired [95 %] | "
+                       "accepted-length distribution |", "|---|---|---|---|---|---|---|"]
+    for (config, name), records in by.items():
+        records.sort(key=lambda r: r["prompt"])
+        g, t = config.split(" ")[-2], config.split(" ")[-1]
+        same = {c.split(" ")[0]: v for (c, s), v in by.items()
+                if s == name and c.endswith(f"{g} {t}")}
+        sd = same.get("vllm_sd_greedy") or same.get("vllm_sd")
+        hist = [sum(r["histogram"][j] if j < len(r["histogram"]) else 0 for r in records)
+                for j in range(max(len(r["histogram"]) for r in records))]
+        while len(hist) > 1 and hist[-1] == 0:
+            hist.pop()
+        total = max(sum(hist), 1)
+        m = rows[f"{config} | {name}"] = dict(
+            pooled=tokens_per_pass(records),
+            mean=bootstrap_mean([tokens_per_pass([r]) for r in records]),
+            vs_sd=None if sd is records else _paired(records, sd),
+            vs_fly=None if same.get("fly") is records else _paired(records, same.get("fly")),
+            distribution=[round(n / total, 3) for n in hist],
+            narrowed_rows=max(r.get("narrowed_rows", 0) for r in records))
+        table.append(f"| {config} | {name} ({len(records)}) | {m['pooled']:.2f} | "
+                     f"{m['mean'][0]:.2f} [{m['mean'][1]:.2f}, {m['mean'][2]:.2f}] | "
+                     f"{_cell(m['vs_sd'])} | {_cell(m['vs_fly'])} | "
+                     f"{' '.join(f'{x:.2f}' for x in m['distribution'])} |")
+    payload = {"rows": rows, "args": {k: str(v) for k, v in vars(args).items()},
+               "environment": environment(), "code_version": code_version()}
+    return payload, "\n".join(table)
+
+
+def plot(payload: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(payload["rows"])
+    values = [payload["rows"][n]["pooled"] for n in names]
+    fig, ax = plt.subplots(figsize=(8, 0.3 * len(names) + 1.5))
+    ax.barh(range(len(names)), values)
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("tokens per target pass (pooled)")
+    fig.tight_layout()
+    fig.savefig(out / "acceptance.png", dpi=120)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(ap)
+    ap.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")],
+                    default=[0.0, 1.0])
+    ap.add_argument("--gammas", type=lambda s: [int(x) for x in s.split(",")], default=[4, 8])
+    ap.add_argument("--widths", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[1, 4, 8])
+    ap.add_argument("--prompts", default="humaneval:16,chat:16")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--dtype", default=None, help="the real pair's (default: by the CPU)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "acceptance")
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args(argv)
+    if args.dtype is None:
+        from devtools.engine import default_dtype
+
+        args.dtype = default_dtype()
+    path = args.out / "records.jsonl" if args.report_only else run(args)
+    payload, table = summarise(path, args)
+    write_outputs("acceptance", payload, table, args.out)
+    plot(payload, args.out)
+    print(table)
+
+
+if __name__ == "__main__":
+    import os
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    main()
