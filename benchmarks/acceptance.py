@@ -35,6 +35,7 @@ from pathlib import Path
 
 from benchmarks.lib.prompts import PAPER, chat_prompts, humaneval_prompts
 from benchmarks.lib.report import RESULTS, code_version, environment, write_outputs
+from benchmarks.lib.runner import per_request_acceptance
 from benchmarks.lib.stats import bootstrap_mean, paired_bootstrap_diff
 from devtools.models import add_model_args, resolve_pair
 
@@ -101,8 +102,7 @@ def run_config(llm, config: dict, prompts: list[str], max_tokens: int) -> list[d
     records = []
     for i, out in enumerate(outs):
         hist = list(out.outputs[0].spec_decode_metrics.histogram)
-        steps = sum(hist)
-        accepted = sum(j * n for j, n in enumerate(hist))
+        steps, accepted = per_request_acceptance([out])
         records.append(dict(prompt=i, tokens=len(out.outputs[0].token_ids), steps=steps,
                             accepted=accepted, histogram=hist))
     return records

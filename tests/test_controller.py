@@ -182,3 +182,36 @@ def test_only_steps_that_verify_no_drafts_and_read_no_prompt_price_not_drafting(
     ratio = spec.costs.no_draft_ratio(4)
     assert ratio.samples == 1 and ratio.value == pytest.approx(0.06 / 0.09, rel=0.03)
     assert spec.snapshot()["policy_costs"]["no_draft"] == {4: [round(ratio.value, 4), 1]}
+
+
+def test_the_stopwatch_laps_consecutive_parts_and_a_discarded_step_gives_none():
+    """Each lap is a sample of the part that began where the previous one ended (the drafter's
+    first pass, then its beam steps, count of them); a discarded step (a round drafted twice)
+    adds no sample, lapped before or after; an inert clock (the fixed policy) none either."""
+    import torch
+
+    from vllm_mtad.policy.clock import StepTimings
+    from vllm_mtad.policy.cost import CostModel
+
+    costs = CostModel()
+    timings = StepTimings(costs, torch.device("cpu"), enabled=True)
+    now = [0.0]
+    timings.clock.mark = lambda: now[0]
+    with timings.stopwatch() as watch:
+        now[0] = 0.3
+        watch.lap(costs.first_pass, (4, 0))
+        now[0] = 0.9
+        watch.lap(costs.beam_step, 16, count=3)
+    timings.resolve()
+    assert costs.first_pass.samples == 1 and costs.first_pass.predict((4, 0)) == pytest.approx(0.3)
+    assert costs.beam_step.samples == 1 and costs.beam_step.predict(16) == pytest.approx(0.2)
+    with timings.stopwatch() as watch:
+        watch.lap(costs.first_pass, (4, 0))
+        watch.discard()
+        watch.lap(costs.beam_step, 16)
+    off = StepTimings(costs, torch.device("cpu"), enabled=False)
+    with off.stopwatch() as watch:
+        watch.lap(costs.first_pass, (4, 0))
+    timings.resolve()
+    off.resolve()
+    assert costs.first_pass.samples == 1 and costs.beam_step.samples == 1

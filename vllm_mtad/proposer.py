@@ -325,8 +325,7 @@ class MTADProposer(DraftModelProposer):
         if draft.gamma < 2:
             return None, draft.widths
         with phase("beam_kv"):
-            requests = RequestBlocks(draft.attn.block_table_tensor[:draft.B],
-                                     self._num_blocks(draft), draft.bonus_pos)
+            requests = self._request_blocks(draft)
             if draft.W == 1:  # one beam a row: the request's own chain, as _argmax_chain's
                 return requests, draft.widths
             layout = BeamKVLayout(replace(requests, block_table=requests.block_table.clone()),
@@ -336,10 +335,14 @@ class MTADProposer(DraftModelProposer):
             self._device_stats["narrowed_rows"] += (row_width < draft.W).sum()
         return layout, torch.minimum(row_width, draft.widths)
 
-    def _num_blocks(self, draft: _Round) -> torch.Tensor:
-        """[B] blocks each row's request owns (vLLM's host block table), on the device."""
+    def _request_blocks(self, draft: _Round) -> RequestBlocks:
+        """The round's requests on the paged cache: the first pass's block table, the blocks
+        each request owns (vLLM's host block table, copied to the device) and the bonus
+        positions."""
         bt = self.state.input_batch.block_table[self.kv_cache_gid]
-        return torch.from_numpy(bt.num_blocks_per_row[:draft.B].copy()).to(draft.device)
+        num_blocks = torch.from_numpy(bt.num_blocks_per_row[:draft.B].copy()).to(draft.device)
+        return RequestBlocks(draft.attn.block_table_tensor[:draft.B], num_blocks,
+                             draft.bonus_pos)
 
     def _argmax_chain(self, draft: _Round, first_logits: torch.Tensor):
         """The draft model's argmax chain of every row (``draft.W`` = 1), as vLLM's own draft
@@ -351,8 +354,7 @@ class MTADProposer(DraftModelProposer):
         tokens = [token]
         if draft.gamma > 1:
             with phase("beam_kv"):
-                requests = RequestBlocks(draft.attn.block_table_tensor[:draft.B],
-                                         self._num_blocks(draft), draft.bonus_pos)
+                requests = self._request_blocks(draft)
         for t in range(2, draft.gamma + 1):
             with phase("beam_kv"):
                 kv = chain_step_kv(requests, t, self.block_size, self.max_model_len)

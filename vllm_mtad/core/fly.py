@@ -112,7 +112,8 @@ def fly_accept_greedy(draft_token_ids: torch.Tensor, target, entropy: torch.Tens
         AcceptanceResult (prefix_accepted: min(k, g) per prefix length g, which is what a
         draft of g tokens gets accepted under this rule only where no deferral is involved).
     """
-    from vllm_mtad.core.acceptance import AcceptanceResult, assemble_output
+    from vllm_mtad.core.acceptance import AcceptanceResult, assemble_output, extra_tokens_from
+    from vllm_mtad.core.noise import NoiseKeys
 
     B, gamma = draft_token_ids.shape
     valid = draft_token_ids >= 0
@@ -120,10 +121,10 @@ def fly_accept_greedy(draft_token_ids: torch.Tensor, target, entropy: torch.Tens
     native = valid & (draft_token_ids.to(torch.int64) == target_argmax)
     deferrable = valid & (target_lp > float("-inf"))
     k = fly_accepted_lengths(native, deferrable, entropy, num_drafts, window, entropy_threshold)
-    rows = target.candidates_at(k.clamp(max=gamma - 1))
-    extra = rows.logprobs.argmax(dim=1)
-    if rows.token_ids is not None:
-        extra = rows.token_ids.gather(1, extra[:, None])[:, 0]
+    # The target's argmax at k, as MTAD's greedy rows draw it (no row is sampled: no noise).
+    none = torch.zeros(B, dtype=torch.int64, device=k.device)
+    extra = extra_tokens_from(target.candidates_at(k.clamp(max=gamma - 1)),
+                              NoiseKeys(none == 0, none, none, any_sampled=False))
     extra = torch.where(k >= num_drafts.to(torch.int64), bonus_token_ids.to(extra.dtype), extra)
     lengths = torch.arange(1, gamma + 1, device=k.device)
     return AcceptanceResult(output_token_ids=assemble_output(draft_token_ids, k, extra),
