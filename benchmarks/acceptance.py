@@ -10,8 +10,9 @@ Configurations, per draft length γ (``--gammas``) and temperature (``--temperat
   which must be 0), each with every step's (W, γ) forced:
   - ``mtad_exact w1`` (T = 0): the draft's argmax chain, accepted while it is the target's
     argmax: vLLM's greedy rule on MTAD's engine (a check: it must match ``vllm_sd_greedy``);
-  - ``fly`` (T = 0): the same drafts, FLy's rule (vllm_mtad.sampler.use_comparison_rule, its
-    defaults: window min(6, γ − 1), entropy threshold 0.3);
+  - ``fly``: the same drafts (T = 0: the argmax chain; T > 0: one sampled chain), FLy's rule
+    (vllm_mtad.sampler.use_comparison_rule, its defaults: window min(6, γ − 1), entropy
+    threshold 0.3; at T > 0 the p/q test and the residual at a rejection);
   - ``mtad w{W}``: MTAD's rule, greedy "joint" at T = 0, sampled at T > 0.
 
 Tokens per target pass of a request: (accepted draft tokens + verify steps) / verify steps,
@@ -50,8 +51,8 @@ def configurations(temperatures, gammas, widths) -> list[dict]:
             if t == 0:
                 out.append(dict(name=f"mtad_exact w1 g{g} T0", engine="mtad", t=t, g=g, w=1,
                                 mode="exact"))
-                out.append(dict(name=f"fly g{g} T0", engine="mtad", t=t, g=g, w=1,
-                                mode="exact", rule="fly"))
+            out.append(dict(name=f"fly g{g} T{t:g}", engine="mtad", t=t, g=g, w=1,
+                            mode="exact", rule="fly"))  # (the mode is read at T = 0 only)
             out += [dict(name=f"mtad w{w} g{g} T{t:g}", engine="mtad", t=t, g=g, w=w,
                          mode="joint") for w in widths]
     return out

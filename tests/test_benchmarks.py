@@ -411,3 +411,31 @@ def test_acceptance_table_on_tiny_pair_resumes_and_reports(tmp_path):
     assert (out / "records.jsonl").read_text() == before
     table = (out / "acceptance.md").read_text()
     assert all(c in table for c in configs) and (out / "acceptance.png").exists()
+
+
+@pytest.mark.system
+def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
+    """benchmarks.rules_quality end to end at T=0 and T=1: a checked HumanEval record and a
+    perplexity for every (configuration, prompt), FLy at both temperatures, a rerun that adds
+    nothing, and rows paired against the target alone."""
+    out = tmp_path / "out"
+    common = ["benchmarks.rules_quality", "--tiny", "--problems", "2", "--chat", "2",
+              "--max-tokens", "10", "--chat-tokens", "10", "--gammas", "3", "--widths", "1,2",
+              "--temperatures", "0,1", "--batch", "2", "--out", str(out)]
+    run_module(common, tmp_path)
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    configs = {f"{c} T{t}" for t in (0, 1) for c in ("target", "fly g3", "mtad w1 g3",
+                                                     "mtad w2 g3")}
+    assert {r["config"] for r in records} == configs
+    assert len(records) == len(configs) * 4
+    assert all((r["passed"] is None) == (r["set"] == "chat") for r in records)
+    assert all(r["steps"] > 0 for r in records if not r["config"].startswith("target"))
+    scores = (out / "scores.jsonl").read_text().splitlines()
+    assert len(scores) == sum(1 for r in records if r["token_ids"])
+    before = (out / "records.jsonl").read_text()
+    run_module(common, tmp_path)
+    assert (out / "records.jsonl").read_text() == before
+    rows = json.loads((out / "rules_quality.json").read_text())["rows"]
+    assert {(r["config"], r["set"]) for r in rows} == {(c, s) for c in configs
+                                                       for s in ("humaneval", "chat")}
+    assert all("ppl_vs_target" in r for r in rows if not r["config"].startswith("target"))

@@ -119,3 +119,179 @@ def test_greedy_fly_outputs_accepted_drafts_then_the_targets_argmax_or_the_bonus
     assert out.num_accepted.tolist() == [3, 1, 0]
     assert out.output_token_ids.tolist() == [[1, 5, 3, 7], [1, 2, -1, -1], [5, -1, -1, -1]]
     assert out.prefix_accepted.tolist() == [[1, 2, 3], [1, 1, 1], [0, 0, 0]]
+
+
+# --- FLy's probabilistic form (T > 0): the p/q test, deferral, and the residual -------------
+
+def reference_sampled(p, q, drafts, u, n, window, threshold=0.3):
+    """One sampled row by the published rule, position by position (plain Python over dense
+    distributions): native[i] = u[i] <= p_i(x_i)/q_i(x_i); a native rejection is deferred when
+    x_i is possible under both, the target's top-3 entropy there reaches the threshold, the
+    window fits in the draft and the next ``window`` tokens pass natively. Returns k and the
+    distribution the next token is drawn from: the residual norm(max(p_k − q_k, 0)) after a
+    rejection (p_k where it is all 0), p_n after a whole draft."""
+    def native(i):
+        return u[i] <= p[i][drafts[i]] / q[i][drafts[i]]
+
+    def entropy(i):
+        top = sorted(p[i], reverse=True)[:3]
+        return -sum(x * math.log(x) for x in top if x > 0)
+
+    k = 0
+    for i in range(n):
+        x = drafts[i]
+        if native(i) or (p[i][x] > 0 and q[i][x] > 0 and entropy(i) >= threshold
+                         and i + window < n
+                         and all(native(j) for j in range(i + 1, i + window + 1))):
+            k += 1
+            continue
+        break
+    if k == n:
+        return k, list(p[n])
+    r = [max(a - b, 0.0) for a, b in zip(p[k], q[k])]
+    total = sum(r)
+    return k, [x / total for x in r] if total > 0 else list(p[k])
+
+
+def _sampled_case(p, q, drafts, seeds, window, threshold=0.3, sparse_draft=False):
+    """fly_accept on B sampled rows sharing p [γ+1, V] and q [γ, V] (probabilities)."""
+    from vllm_mtad.core import noise
+    from vllm_mtad.core.acceptance import Bonus, DenseTarget
+    from vllm_mtad.core.fly import FlyDraft, FlyGate, fly_accept
+    from vllm_mtad.core.noise import NoiseKeys
+    from vllm_mtad.core.processing import Candidates
+
+    B, G = drafts.shape
+    p_lp = p.log()[None].expand(B, -1, -1)
+    q_lp = q.log()[None].expand(B, -1, -1)
+    draft_lp = q_lp.gather(2, drafts.clamp(min=0)[:, :, None])[:, :, 0]
+    target = DenseTarget(p_lp)
+    entropy = top_k_entropy(p_lp[:, :G])
+    keys = NoiseKeys(torch.zeros(B, dtype=torch.bool), seeds, torch.full((B,), 7),
+                     any_sampled=True)
+    n = (drafts >= 0).sum(1)
+
+    def draft_at(index):
+        rows = q_lp[torch.arange(B), index]  # [B, V]
+        if not sparse_draft:
+            return Candidates(rows, None, torch.zeros(B, dtype=torch.bool))
+        ids = rows.argsort(dim=1, descending=True)[:, :3]  # q's support (3 tokens)
+        return Candidates(rows.gather(1, ids), ids, torch.zeros(B, dtype=torch.bool))
+
+    out = fly_accept(FlyDraft(drafts, draft_lp, draft_at), target, entropy,
+                     Bonus(n, torch.full((B,), 99)), FlyGate(window, threshold), keys)
+    u = noise.uniform(noise.row_keys(seeds, torch.full((B,), 7), 0, noise.STREAM_FLY), G)
+    return out, u
+
+
+def _dist(rows):
+    t = torch.tensor(rows, dtype=torch.float64)
+    return t / t.sum(dim=-1, keepdim=True)
+
+
+# γ = 4 positions over V = 5 tokens; q's support is tokens 0..2 at every position.
+Q = _dist([[6, 3, 1, 0, 0]] * 4)
+CERTAIN = [1e-9, 1e-9, 1, 1e-9, 1e-9]  # a confident target (entropy ~0): prefers token 2
+UNSURE = [1e-9, 1, 1, 1, 1e-9]  # uncertain (entropy ln 3 > 0.3), p(0) ~ 0
+
+
+@pytest.mark.parametrize("case, p_rows, drafts, window, want_k", [
+    # Draft token 0 everywhere: p(0)/q(0) ~ 1e-9 rejects at 0 unless deferred; position 0's
+    # window (1) holds when position 1 passes natively.
+    ("deferral holds", [UNSURE, [1, 1e-9, 1e-9, 1e-9, 1e-9], UNSURE, UNSURE, UNSURE],
+     [0, 0, 1, 1], 1, 4),
+    # The same, but the window's token is rejected natively too: the rejection stays.
+    ("window breaks", [UNSURE, UNSURE, UNSURE, UNSURE, UNSURE], [0, 0, 1, 1], 1, 0),
+    # A confident target rejecting: a rejection, whatever follows.
+    ("low entropy stays rejected", [CERTAIN, [1, 1e-9, 1e-9, 1e-9, 1e-9], UNSURE, UNSURE,
+                                    UNSURE], [0, 0, 1, 1], 1, 0),
+    # The window does not fit (0 + 3 >= 3 drafts): no deferral.
+    ("draft too short for the window", [UNSURE, [1, 1e-9, 1e-9, 1e-9, 1e-9], UNSURE, UNSURE,
+                                        UNSURE], [0, 0, 1, -1], 3, 0),
+])
+def test_sampled_fly_on_hand_made_cases(case, p_rows, drafts, window, want_k):
+    p = _dist(p_rows)
+    d = torch.tensor([drafts] * 64)
+    out, u = _sampled_case(p.float(), Q.float(), d, torch.arange(64), window)
+    n = sum(x >= 0 for x in drafts)
+    for b in range(64):
+        k, _ = reference_sampled(p.tolist(), Q.tolist(), drafts, u[b].tolist(), n, window)
+        assert k == want_k == int(out.num_accepted[b]), (case, b)
+
+
+def test_sampled_fly_matches_the_reference_and_samples_its_residual():
+    """Random p and q: the accepted length equals the reference's row by row, and the token
+    after it follows the reference's distribution (residual or bonus position), by a
+    chi-square test over 20,000 rows; with the draft's distribution sparse or dense."""
+    gen = torch.Generator().manual_seed(1)
+    G, V, B = 3, 5, 20_000
+    p = torch.rand(G + 1, V, generator=gen, dtype=torch.float64) ** 3
+    p = p / p.sum(-1, keepdim=True)
+    q = torch.rand(G, V, generator=gen, dtype=torch.float64).mul(
+        torch.tensor([1, 1, 1, 0, 0], dtype=torch.float64))  # q's support: tokens 0..2
+    q = q / q.sum(-1, keepdim=True)
+    drafts = torch.tensor([[0, 1, 2]] * B)
+    for sparse in (False, True):
+        out, u = _sampled_case(p.float(), q.float(), drafts, torch.arange(B) + 17, window=1,
+                               threshold=0.5, sparse_draft=sparse)
+        got_k = out.num_accepted.tolist()
+        want = [reference_sampled(p.tolist(), q.tolist(), [0, 1, 2], u[b].tolist(), G, 1, 0.5)
+                for b in range(B)]
+        assert got_k == [k for k, _ in want]
+        for k in set(got_k) - {G}:  # rejected rows: the token after k draws from the residual
+            rows = [b for b in range(B) if got_k[b] == k]
+            if len(rows) < 500:
+                continue
+            tokens = out.output_token_ids[rows, k].tolist()
+            expect = torch.tensor(want[rows[0]][1]) * len(rows)
+            seen = torch.bincount(torch.tensor(tokens), minlength=V).double()
+            live = expect > 0
+            assert float(seen[~live].sum()) == 0.0  # never a token the residual rules out
+            chi2 = float(((seen[live] - expect[live]) ** 2 / expect[live]).sum())
+            assert chi2 < 20.5, (sparse, k, chi2)  # df ≤ 4: p ≈ 0.0004
+
+
+def test_sampled_fly_without_deferral_is_lossless():
+    """With an unreachable entropy threshold FLy is standard speculative sampling: a draft
+    sampled from q, the p/q test and the residual give the target's own distribution at the
+    first position (chi-square over 40,000 rows)."""
+    gen = torch.Generator().manual_seed(2)
+    V, B = 6, 40_000
+    p = torch.rand(2, V, generator=gen, dtype=torch.float64) ** 2
+    p = p / p.sum(-1, keepdim=True)
+    q = torch.rand(1, V, generator=gen, dtype=torch.float64) ** 2
+    q = q / q.sum(-1, keepdim=True)
+    drafts = torch.multinomial(q[0], B, replacement=True, generator=gen)[:, None]
+    out, _ = _sampled_case(p.float(), q.float(), drafts, torch.arange(B), window=0,
+                           threshold=math.inf)
+    seen = torch.bincount(out.output_token_ids[:, 0], minlength=V).double()
+    expect = p[0] * B
+    chi2 = float(((seen - expect) ** 2 / expect).sum())
+    assert chi2 < 25.7, chi2  # df 5: p ≈ 0.0001
+
+
+def test_residual_sparse_and_dense_agree():
+    from vllm_mtad.core.fly import residual
+    from vllm_mtad.core.processing import Candidates
+
+    gen = torch.Generator().manual_seed(3)
+    V = 7
+    p = torch.rand(2, V, generator=gen).softmax(-1)
+    q = torch.rand(2, V, generator=gen).mul(torch.tensor([1, 1, 1, 1, 0, 0, 0])).add(1e-30)
+    q = q / q.sum(-1, keepdim=True)
+    none = torch.zeros(2, dtype=torch.bool)
+    want = (p - q).clamp(min=0)
+    ids = torch.tensor([[6, 0, 2, 1, 3, 4, 5]] * 2)
+    qids = torch.tensor([[3, 1, 0, 2]] * 2)
+    for target, draft in (
+            (Candidates(p.log(), None, none), Candidates(q.log(), None, none)),
+            (Candidates(p.log(), None, none), Candidates(q.log().gather(1, qids), qids, none)),
+            (Candidates(p.log().gather(1, ids), ids, none), Candidates(q.log(), None, none)),
+            (Candidates(p.log().gather(1, ids), ids, none),
+             Candidates(q.log().gather(1, qids), qids, none))):
+        r = residual(target, draft)
+        dense = r.logprobs.exp() if r.token_ids is None else torch.zeros(2, V).scatter(
+            1, r.token_ids, r.logprobs.exp())
+        assert torch.allclose(dense, want, atol=1e-6)
+    same = residual(Candidates(p.log(), None, none), Candidates(p.log(), None, none))
+    assert torch.allclose(same.logprobs.exp(), p)  # p ≤ q everywhere: p itself

@@ -51,3 +51,46 @@ def test_fly_in_the_engine_reduces_to_exact_and_to_accept_all(tiny_pair_dirs):
         assert run()[0] == exact
     finally:
         close(llm)
+
+
+def test_sampled_fly_in_the_engine(tiny_pair_dirs):
+    """FLy at T=1 on one sampled chain (W=1 forced), with the draft's distributions kept for
+    the residual: with an unreachable threshold it is standard speculative sampling (some
+    drafts rejected), and reruns with the same seeds give the same tokens; with threshold 0
+    and no window every drafted token the target does not rule out is accepted (no top-k/top-p:
+    the target rules none out); with top-k/top-p (sparse candidates) it runs and defers some
+    rejections: it accepts more than without deferral."""
+    from vllm import SamplingParams
+
+    from vllm_mtad.policy.controller import force_plans
+    from vllm_mtad.sampler import FlyRule, use_comparison_rule
+
+    target_dir, draft_dir = tiny_pair_dirs
+    llm = make_llm(target_dir, mtad_spec(draft_dir, gamma=4, width=4), enforce_eager=True,
+                   disable_log_stats=False)
+
+    def run(rule, **sampling):
+        llm.collective_rpc(use_comparison_rule(rule))
+        params = [SamplingParams(max_tokens=40, temperature=1.0, ignore_eos=True, seed=5 + i,
+                                 **sampling) for i in range(len(PROMPTS))]
+        before = spec_counters(llm)
+        out = generate_ids(llm, PROMPTS, params)
+        after = spec_counters(llm)
+        return out, after["draft_tokens"] - before["draft_tokens"], (
+            after["accepted"] - before["accepted"])
+
+    try:
+        llm.collective_rpc(force_plans([(1, 4)]))
+        strict, drafted, accepted = run(FlyRule(entropy_threshold=math.inf))
+        assert 0 < accepted < drafted
+        assert run(FlyRule(entropy_threshold=math.inf))[0] == strict
+        _, drafted, accepted = run(FlyRule(window=0, entropy_threshold=0.0))
+        assert accepted == drafted > 0
+        _, drafted, strict_accepted = run(FlyRule(entropy_threshold=math.inf), top_k=10,
+                                          top_p=0.9)
+        _, drafted_loose, loose_accepted = run(FlyRule(window=0, entropy_threshold=0.0),
+                                               top_k=10, top_p=0.9)
+        assert loose_accepted / drafted_loose > strict_accepted / drafted
+    finally:
+        llm.collective_rpc(use_comparison_rule(None))
+        close(llm)

@@ -49,3 +49,34 @@ def test_request_seed_is_stable_and_uses_the_seed():
     a = request_seed(SimpleNamespace(seed=None), "req-1")
     assert a == request_seed(SimpleNamespace(seed=None), "req-1") >= 0
     assert a != request_seed(SimpleNamespace(seed=None), "req-2")
+
+
+def test_draft_distributions_keep_each_requests_latest_round():
+    """The draft's q̃ per position, kept per request for a comparison rule: read at any
+    position (past the draft: its last), sparse rounds of different K padded with probability
+    0, a dense round making every row dense, and a clear error for a request never kept."""
+    import pytest
+    import torch
+
+    from vllm_mtad.core.processing import Candidates
+    from vllm_mtad.request_state import DraftDistributions
+
+    none = torch.zeros(2, dtype=torch.bool)
+    d = DraftDistributions()
+    lp = torch.log(torch.tensor([[[0.7, 0.3], [0.6, 0.4]], [[0.5, 0.5], [0.9, 0.1]]]))
+    ids = torch.tensor([[[3, 1], [2, 4]], [[0, 5], [1, 2]]])
+    d.put(["a", "b"], [Candidates(lp[:, j], ids[:, j], none) for j in range(2)])
+    got = d.at(["b", "a"], torch.tensor([1, 5]))
+    assert got.token_ids.tolist() == [[1, 2], [2, 4]]
+    assert torch.allclose(got.logprobs.exp(), torch.tensor([[0.9, 0.1], [0.6, 0.4]]))
+    d.put(["c"], [Candidates(torch.log(torch.tensor([[0.2, 0.3, 0.5]])),
+                             torch.tensor([[1, 2, 3]]), none[:1])])
+    wide = d.at(["a", "c"], torch.tensor([0, 0]))
+    assert wide.token_ids.shape == (2, 3) and wide.logprobs[0, 2].item() == float("-inf")
+    d.put(["e"], [Candidates(torch.log(torch.full((1, 6), 1 / 6)), None, none[:1])])
+    dense = d.at(["a", "e"], torch.tensor([0, 0]))
+    assert dense.token_ids is None and dense.logprobs.shape == (2, 6)
+    assert torch.allclose(dense.logprobs[0].exp(), torch.tensor([0, 0.3, 0, 0.7, 0, 0]))
+    d.forget(["a"])
+    with pytest.raises(RuntimeError, match="no draft distribution kept"):
+        d.at(["a"], torch.tensor([0]))

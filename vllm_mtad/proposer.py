@@ -61,6 +61,7 @@ class MTADProposer(DraftModelProposer):
         self._first_pass_inputs = None  # (token_indices_to_sample, common_attn_metadata)
         self._first_hidden = None  # [B, hidden] at the first draft position
         self._last_logprobs = None  # [B, γ, 1] float32, for vLLM's draft_probs channel
+        self._kept_steps = None  # the round's candidates per step, when a rule reads them
         # Counters for benchmarks and tests. Host counters are plain ints; the device ones are
         # summed on the device and read only by drafter_stats() (no sync in the beam loop).
         self.stats = {"rounds": 0, "rows": 0, "beam_steps": 0, "dense_rounds": 0,
@@ -189,6 +190,7 @@ class MTADProposer(DraftModelProposer):
         the beam loop, in top-k rounds: whether ties at some row's k-th value reached past the
         candidates (rare: the slack grows with k); the round is then redone with every token
         (the beams' KV is rewritten by the redo before anything reads it)."""
+        self._kept_steps = None
         if draft.one_beam:
             # Every row drafts the argmax chain (exact acceptance reads no draft probability):
             # no beams, no log-probabilities, no beam layout; vLLM's own draft loop's work.
@@ -224,6 +226,8 @@ class MTADProposer(DraftModelProposer):
             self.state.widths[req_id] = w
         self._last_logprobs = logprobs[:, :, None].contiguous()
         self.state.drafts.put(step.req_ids, tokens, logprobs)
+        if self._kept_steps:  # a comparison rule reads the draft's distributions
+            self.state.distributions.put(step.req_ids, self._kept_steps)
         self.stats["beam_steps"] += draft.gamma - 1
         self.stats["rounds"] += 1
         self.stats["rows"] += draft.B
@@ -291,10 +295,15 @@ class MTADProposer(DraftModelProposer):
         whose candidates overflowed."""
         B, W, V = draft.B, draft.W, draft.V
         layout, row_width = self._beam_layout(draft)
+        # One beam a row, for a comparison rule (use_comparison_rule): q̃ at every position.
+        self._kept_steps = keep = [] if self.state.distributions is not None and W == 1 \
+            else None
         # Step 1: W distinct tokens from the first-pass distribution.
         with phase("draft_vocab"):
             cands = draft_candidates(first_logits, draft.temp, draft.top_k, draft.top_p, sizing)
             overflow = cands.overflow & (draft.steps > 0)  # rows with no step left: unverified
+            if keep is not None:
+                keep.append(cands)
             beams = beam_step(_step_candidates(cands, B, 1, V), None, W, draft.keys, 1,
                               row_width)
         # Steps 2..γ: B·W rows of one draft forward per step.
@@ -313,6 +322,8 @@ class MTADProposer(DraftModelProposer):
                                          rep(draft.top_p), sizing)
                 done = t > draft.steps  # [B] rows whose context ends before this step
                 overflow = overflow | (cands.overflow.view(B, W).any(dim=1) & ~done)
+                if keep is not None:
+                    keep.append(cands)
                 beams = keep_rows(beam_step(_step_candidates(cands, B, W, V), beams, W,
                                             draft.keys, t, row_width), beams, done)
         tokens, draft_logprobs = best_beam(beams)

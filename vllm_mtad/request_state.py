@@ -9,7 +9,9 @@ neither holds the runner nor the other. It holds:
   (``CachedRequestState`` by id), handed over at the start of every step;
 - each request's MTAD settings — τ, greedy mode ("joint"/"exact") and noise seed — resolved
   once, with the front end's rule (:func:`vllm_mtad.config.request_settings`);
-- each request's latest draft (tokens and draft log-probs, :class:`DraftStore`);
+- each request's latest draft (tokens and draft log-probs, :class:`DraftStore`), and, only
+  while a comparison rule asks for it, the draft's distribution at each of its positions
+  (:class:`DraftDistributions`);
 - the batch's candidate sizing (:meth:`MTADRequestState.candidate_sizing`: greedy rows and how
   the draft's and the target's distributions are processed);
 - the speculation policy's per-request bookkeeping: the beams of each request's latest draft
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm_mtad.config import MTADConfig, request_settings
-from vllm_mtad.core.processing import CandidateSizing, is_greedy, size_candidates
+from vllm_mtad.core.processing import Candidates, CandidateSizing, is_greedy, size_candidates
 from vllm_mtad.policy.batch import RowDemand
 from vllm_mtad.policy.draft_kv import DraftKVTracker
 
@@ -112,6 +114,52 @@ class DraftStore:
         return logprobs.masked_fill(invalid, 0.0), matches
 
 
+class DraftDistributions:
+    """The draft's processed distribution q̃ at each position of each request's latest
+    one-beam draft, for a rule that reads more of the draft than its tokens' log-probs (FLy's
+    residual at T > 0, a benchmark's comparison baseline: vllm_mtad.sampler.FlyRule). Kept
+    only while such a rule is on: MTAD's own rule never reads it."""
+
+    def __init__(self):
+        self._rows: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+    def put(self, req_ids: list[str], steps: list[Candidates]) -> None:
+        """steps: the round's candidates, one [B, K] per draft position."""
+        lp = torch.stack([c.logprobs for c in steps], dim=1)  # [B, γ, K]
+        ids = None if steps[0].token_ids is None else torch.stack(
+            [c.token_ids for c in steps], dim=1)
+        for b, req_id in enumerate(req_ids):
+            self._rows[req_id] = (lp[b], None if ids is None else ids[b])
+
+    def forget(self, req_ids) -> None:
+        for req_id in req_ids:
+            self._rows.pop(req_id, None)
+
+    def at(self, req_ids: list[str], index: torch.Tensor) -> Candidates:
+        """q̃ at draft position ``index`` ([B] int64, 0-based) of each request's latest draft,
+        [B, K] (sparse rows padded with probability 0; all dense if one is)."""
+        missing = [r for r in req_ids if r not in self._rows]
+        if missing:
+            raise RuntimeError(f"no draft distribution kept for requests {missing[:4]}: the "
+                               "comparison rule needs one-beam drafts made while it was on")
+        rows = []
+        for req_id, j in zip(req_ids, index.tolist()):
+            lp, ids = self._rows[req_id]
+            j = min(j, lp.shape[0] - 1)
+            rows.append((lp[j], None if ids is None else ids[j]))
+        dev, none = index.device, torch.zeros(len(rows), dtype=torch.bool, device=index.device)
+        if any(ids is None for _, ids in rows):  # one dense row: all dense
+            V = next(lp.shape[0] for lp, ids in rows if ids is None)
+            dense = [lp if ids is None else
+                     torch.full((V,), float("-inf"), device=lp.device).scatter(0, ids, lp)
+                     for lp, ids in rows]
+            return Candidates(torch.stack(dense).to(dev), None, none)
+        K = max(lp.shape[0] for lp, _ in rows)
+        pad = lambda t, v: torch.nn.functional.pad(t, (0, K - t.shape[0]), value=v)  # noqa: E731
+        return Candidates(torch.stack([pad(lp, float("-inf")) for lp, _ in rows]).to(dev),
+                          torch.stack([pad(ids, 0) for _, ids in rows]).to(dev), none)
+
+
 class MTADRequestState:
     """Per-request facts of one MTAD runner (see the module docstring)."""
 
@@ -124,6 +172,9 @@ class MTADRequestState:
         self.input_batch = input_batch
         self.settings: dict[str, RequestSettings] = {}
         self.drafts = DraftStore()
+        # The draft's distributions of each request's latest draft; None: not kept (only a
+        # comparison rule asks for them: vllm_mtad.sampler.use_comparison_rule).
+        self.distributions: DraftDistributions | None = None
         self.widths: dict[str, int] = {}  # req_id -> beams of its latest draft
         self.kv = DraftKVTracker()
 
@@ -140,6 +191,8 @@ class MTADRequestState:
             for req_id in req_ids:
                 d.pop(req_id, None)
         self.drafts.forget(req_ids)
+        if self.distributions is not None:
+            self.distributions.forget(req_ids)
         self.kv.forget(req_ids)
 
     def req_ids(self, num_rows: int) -> list[str]:

@@ -34,10 +34,11 @@ from vllm.v1.sample.rejection_sampler import RejectionSampler
 
 from vllm_mtad.config import MTADConfig
 from vllm_mtad.core import Bonus, NoiseKeys, is_greedy, mask_top_k_top_p, mtad_accept
-from vllm_mtad.core.fly import DEFAULT_ENTROPY_THRESHOLD, fly_accept_greedy, top_k_entropy
+from vllm_mtad.core.fly import (DEFAULT_ENTROPY_THRESHOLD, FlyDraft, FlyGate, fly_accept,
+                                 top_k_entropy)
 from vllm_mtad.core.processing import Candidates, draft_candidates
 from vllm_mtad.policy.controller import SpeculationController
-from vllm_mtad.request_state import MTADRequestState, row_sampling_params
+from vllm_mtad.request_state import DraftDistributions, MTADRequestState, row_sampling_params
 
 
 class MTADRejectionSampler(RejectionSampler):
@@ -132,7 +133,7 @@ class MTADRejectionSampler(RejectionSampler):
         keys = NoiseKeys(greedy, to(seeds, torch.int64), positions.to(dev, non_blocking=True),
                          any_sampled=not sampling_metadata.all_greedy)
         if self.comparison_rule is not None:
-            result = self._fly(drafts, target, bonus_token_ids[:, 0], sampling_metadata)
+            result = self._fly(drafts, draft_lp, target, bonus_token_ids[:, 0], keys, req_ids)
         else:
             result = mtad_accept(drafts, draft_lp, target, to(tau, torch.float32),
                                  to(exact, torch.bool), keys,
@@ -143,20 +144,29 @@ class MTADRejectionSampler(RejectionSampler):
                                                result.prefix_accepted[:num_real])
         return result.output_token_ids
 
-    def _fly(self, drafts, target: "_FlatTarget", bonus_token_ids, sampling_metadata):
-        """FLy's rule on this step's drafts (the comparison baseline; its T=0 form: greedy
-        drafts, target-only acceptance). Its entropy gate reads the target's softmax at each
-        draft position (greedy rows: after the logits processors, as vLLM's greedy sampling)."""
-        if not sampling_metadata.all_greedy:
-            raise NotImplementedError(
-                "the FLy comparison rule runs greedy requests (T=0) only here: its "
-                "probabilistic form needs the draft's distribution at a rejection")
+    def _fly(self, drafts, draft_lp, target: "_FlatTarget", bonus_token_ids, keys, req_ids):
+        """FLy's rule on this step's drafts (the comparison baseline): greedy rows with
+        target-only acceptance, sampled rows with the p/q test and the residual at a rejection
+        (their drafts must be one-beam samples, whose distributions the drafter kept). Its
+        entropy gate reads the target's processed distribution at each draft position (greedy
+        rows: the logits as vLLM's greedy sampling reads them, in an all-greedy batch)."""
         rule = self.comparison_rule
-        entropy = top_k_entropy(target.processed_logits.log_softmax(dim=-1))  # [N]
+        if keys.sampled_any_host_sync():
+            wide = [r for r, g in zip(req_ids, keys.greedy.tolist())
+                    if not g and self.state.widths.get(r, 1) != 1]
+            if wide:
+                raise RuntimeError("the FLy comparison rule verifies one-beam drafts only "
+                                   f"(force W=1); requests {wide[:4]} drafted with more beams")
+        if target.processed_logits is not None:
+            entropy = top_k_entropy(target.processed_logits.log_softmax(dim=-1))  # [N]
+        else:  # sampled rows with top-k: the processed distribution's candidates
+            entropy = top_k_entropy(target.cands.logprobs)
         entropy = torch.where(target.valid, entropy[target.flat], 0.0)  # [B, γ]
         window = rule.window if rule.window is not None else min(6, max(target.gamma - 1, 0))
-        return fly_accept_greedy(drafts, target, entropy, target.counts, bonus_token_ids,
-                                 window, rule.entropy_threshold)
+        draft = FlyDraft(drafts, draft_lp,
+                         lambda index: self.state.distributions.at(req_ids, index))
+        return fly_accept(draft, target, entropy, Bonus(target.counts, bonus_token_ids),
+                          FlyGate(window, rule.entropy_threshold), keys)
 
     def _draft_logprobs(self, draft_probs, target: "_FlatTarget", req_ids):
         """[B, γ] float32 draft log-probs of the scheduled draft tokens (0 past each count),
@@ -368,12 +378,15 @@ class FlyRule:
 def use_comparison_rule(rule: FlyRule | None):
     """For ``LLM.collective_rpc(use_comparison_rule(FlyRule()))``: an MTAD engine verifies its
     drafts by FLy's rule (arXiv 2511.22972) instead of MTAD's, from its next step (None: MTAD's
-    again). A benchmark's baseline on the same drafts and costs as MTAD's (ask for greedy
-    "exact" requests and one beam: the draft's argmax chain, as vLLM's greedy draft); not a
-    setting of the plugin."""
+    again). A benchmark's baseline on the same drafts and costs as MTAD W=1's: force one beam
+    (vllm_mtad.policy.controller.force_plans); greedy requests ask for "exact" (the draft's
+    argmax chain, as vLLM's greedy draft), sampled ones draft one sampled chain, as vLLM's
+    probabilistic draft. Not a setting of the plugin."""
     def apply(worker):
         sampler = getattr(getattr(worker, "model_runner", None), "rejection_sampler", None)
         if isinstance(sampler, MTADRejectionSampler):
             sampler.comparison_rule = rule
+            # FLy's residual reads the draft's distributions: the drafter keeps them meanwhile.
+            sampler.state.distributions = None if rule is None else DraftDistributions()
     return apply
 

@@ -24,6 +24,7 @@ _MASK32 = 0xFFFFFFFF
 # Stream tags keep noise used for different purposes independent.
 STREAM_DRAFT = 1
 STREAM_EXTRA_TOKEN = 2
+STREAM_FLY = 3  # FLy's uniforms (a comparison baseline: vllm_mtad.core.fly)
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
