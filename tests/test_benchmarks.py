@@ -439,3 +439,32 @@ def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
     assert {(r["config"], r["set"]) for r in rows} == {(c, s) for c in configs
                                                        for s in ("humaneval", "chat")}
     assert all("ppl_vs_target" in r for r in rows if not r["config"].startswith("target"))
+
+
+@pytest.mark.system
+def test_headroom_follows_the_reference_and_any_beam_bounds_the_best(tiny_pair_dirs):
+    """benchmarks.headroom's cached beam search and joint rule give devtools.reference's
+    (cache-free, independent) greedy "joint" MTAD token for token, with the same accepted
+    length every round; the longest prefix over the beams is never shorter than the best
+    beam's, equals it with one beam, and exceeds it somewhere with four (the tiny draft is
+    not the target)."""
+    from benchmarks.headroom import run_prompt
+    from devtools import reference as ref
+    from devtools.tiny_models import load_pair
+    from vllm_mtad.config import MTADConfig
+
+    target, draft = load_pair(*tiny_pair_dirs)
+    prompts = [[1 + (i * 7 + j) % 50 for j in range(5 + 3 * i)] for i in range(3)]
+    gained = 0
+    for width in (1, 2, 4):
+        for prompt in prompts:
+            got = run_prompt(target, draft, prompt, width, 3, 0.5, 16, None)
+            cfg = MTADConfig(3, width, 0.5, greedy_acceptance="joint")
+            want = ref.generate(target, draft, prompt, 16, cfg, ref.Sampling(temperature=0.0))
+            assert got["output"] == want.token_ids
+            assert got["best"] == want.accepted_per_step
+            assert all(a >= b for a, b in zip(got["any"], got["best"]))
+            if width == 1:
+                assert got["any"] == got["best"]
+            gained += sum(got["any"]) - sum(got["best"]) if width == 4 else 0
+    assert gained > 0
