@@ -48,20 +48,21 @@ class Context:
 
     def __init__(self, model, prompt: list[int]):
         self.model = model
-        out = model(torch.tensor([prompt]), use_cache=True)
+        out = model(torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
         self.cache, self.last = out.past_key_values, out.logits[0, -1].float()
 
     def extend(self, tokens: list[int]) -> None:
-        out = self.model(torch.tensor([tokens]), past_key_values=self.cache, use_cache=True)
+        out = self.model(torch.tensor([tokens]), past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=1)
         self.cache, self.last = out.past_key_values, out.logits[0, -1].float()
 
-    def rows(self, rows: list[list[int]]) -> torch.Tensor:
-        """[R, t, V] float logits of R equal-length continuations of the context (the
-        context's cache is left as it was)."""
+    def rows(self, rows: list[list[int]], last_only: bool = False) -> torch.Tensor:
+        """[R, t, V] float logits of R equal-length continuations of the context ([R, 1, V]:
+        the last position's only); the context's cache is left as it was."""
         cache = copy.deepcopy(self.cache)
         cache.batch_repeat_interleave(len(rows))
-        return self.model(torch.tensor(rows), past_key_values=cache,
-                          use_cache=True).logits.float()
+        return self.model(torch.tensor(rows), past_key_values=cache, use_cache=True,
+                          logits_to_keep=1 if last_only else 0).logits.float()
 
 
 @dataclass
@@ -78,7 +79,7 @@ def beam_search(draft: Context, width: int, gamma: int) -> list[Beam]:
     top = lp.topk(width)
     beams = [Beam(float(s), [int(t)], [float(s)]) for s, t in zip(top.values, top.indices)]
     for _ in range(gamma - 1):
-        lps = draft.rows([b.tokens for b in beams])[:, -1].log_softmax(-1)  # [W_in, V]
+        lps = draft.rows([b.tokens for b in beams], last_only=True)[:, -1].log_softmax(-1)
         joint = torch.tensor([b.score for b in beams])[:, None] + lps
         best = joint.flatten().topk(width)
         V = lps.shape[1]
