@@ -87,23 +87,35 @@ def build(engine: str, args, target: str, draft: str, tiny: bool):
     return build_llm(target, draft_model_spec(draft, int(gamma), **extra), **common)
 
 
-def run_config(llm, config: dict, prompts: list[str], max_tokens: int, stop=None
-               ) -> list[dict]:
-    """One record per prompt: its verify steps, accepted tokens and their histogram, and the
-    output (token ids, text, why it ended). ``stop``: stop strings (None: none)."""
-    from vllm import SamplingParams
-
+def prepare(llm, config: dict) -> None:
+    """Set the MTAD engine up for ``config``: every step's (W, γ) and the rule (FLy or MTAD's)."""
     if config["engine"] == "mtad":
         from vllm_mtad.policy.controller import force_plans
         from vllm_mtad.sampler import FlyRule, use_comparison_rule
 
         llm.collective_rpc(force_plans([(config["w"], config["g"])]))
         llm.collective_rpc(use_comparison_rule(FlyRule() if config.get("rule") else None))
+
+
+def sampling_params(config: dict, n: int, max_tokens: int, stop=None, ignore_eos=False,
+                    seed: int = 1000) -> list:
+    """One request's parameters per prompt (seed ``seed`` + prompt): the paper's top-k 10,
+    top-p 0.9 at T > 0, greedy at T = 0 with the configuration's greedy rule."""
+    from vllm import SamplingParams
+
     sampling = PAPER if config["t"] > 0 else {"temperature": 0.0}
     extra = {"greedy_acceptance": config["mode"]} if config["t"] == 0 and "mode" in config \
         else None
-    params = [SamplingParams(max_tokens=max_tokens, ignore_eos=False, seed=1000 + i, stop=stop,
-                             extra_args=extra, **sampling) for i in range(len(prompts))]
+    return [SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, seed=seed + i,
+                           stop=stop, extra_args=extra, **sampling) for i in range(n)]
+
+
+def run_config(llm, config: dict, prompts: list[str], max_tokens: int, stop=None
+               ) -> list[dict]:
+    """One record per prompt: its verify steps, accepted tokens and their histogram, and the
+    output (token ids, text, why it ended). ``stop``: stop strings (None: none)."""
+    prepare(llm, config)
+    params = sampling_params(config, len(prompts), max_tokens, stop)
     outs = llm.generate(prompts, params, use_tqdm=False)
     records = []
     for i, out in enumerate(outs):

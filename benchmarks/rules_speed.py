@@ -1,0 +1,271 @@
+"""Speed of the acceptance rules on equal samplers (issue 46), this CPU's step costs fitted from
+the same runs, and a GPU projection from the tokens per pass measured by benchmarks.acceptance.
+
+    python -m benchmarks.rules_speed --out benchmarks/reports/rules-speed-cpu     # real pair
+    python -m benchmarks.rules_speed --report-only --out benchmarks/reports/rules-speed-cpu
+    python -m benchmarks.rules_speed --tiny --batches 1,2 --tokens 8 --repeats 1 --out DIR
+
+Configurations: at T=0 (FLy's published setting) the target alone, vLLM SD with greedy drafts
+at γ 4 and 8 (its own engine per γ), and on one MTAD engine (W ≤ 4, γ ≤ 8, every step forced)
+FLy, MTAD W=1 and W=4 at γ 4 and 8; at T=1 (top-k 10, top-p 0.9) the same at γ=4 with vLLM
+SD's probabilistic drafts. Every engine draws top-k/top-p by the same k-selection (equal
+samplers, benchmarks.lib.engines.select_everywhere). Method: for each repeat, the engine
+families in turn (order reversed every other repeat), each built afresh, warmed up on other
+prompts at every (cell, batch), then its configurations timed; a run generates ``--tokens``
+tokens (ignore_eos) for max(batch, ``--min-prompts``) HumanEval prompts, ``batch`` at a time.
+Reported: median tok/s [min, max] over repeats, tokens per target pass, and the ratios against
+vLLM SD at the same γ and cell.
+
+The cost model (benchmarks/lib/projection.py) is fitted to the MTAD engine's runs (seconds per
+engine step against B, W, γ) and then predicts vLLM SD's tok/s at every (cell, batch, γ) from
+SD's measured tokens per pass: an out-of-sample check on another engine, whose ratios it must
+reproduce within their spread. The GPU projection applies the stated GPU model
+(projection.gpu_costs) to the tokens per pass of --acceptance (benchmarks.acceptance's JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+from benchmarks.acceptance import build, configurations, prepare, sampling_params
+from benchmarks.lib.engines import select_everywhere, selection_counts
+from benchmarks.lib.projection import (fit_linear_costs, gpu_costs, step_seconds,
+                                       tokens_per_second)
+from benchmarks.lib.prompts import HALF, humaneval_prompts
+from benchmarks.lib.report import RESULTS, code_version, environment, write_outputs
+from benchmarks.lib.runner import generate_in_batches
+from benchmarks.lib.stats import summary
+from devtools.engine import close
+from devtools.models import add_model_args, resolve_pair
+
+FRACTIONS = (0.05, 0.1, 0.2, 0.3)  # the GPU draft forward, as a fraction of a target pass
+
+
+def speed_configs(gammas: list[int], widths: list[int]) -> list[dict]:
+    out = []
+    for t, gs in ((0.0, gammas), (1.0, gammas[:1])):
+        out.append(dict(name=f"target T{t:g}", engine="target", t=t, g=0, w=1))
+        out += [c for c in configurations([t], gs, widths) if not c["name"].startswith(
+            "mtad_exact")]
+    return out
+
+
+def time_run(llm, config: dict, prompts: list[str], batch: int, tokens: int, seed: int) -> dict:
+    """One run: tok/s, verify steps and accepted tokens, engine steps (per closed batch, its
+    longest request's verify steps + 1 prefill step)."""
+    prepare(llm, config)
+    params = sampling_params(config, len(prompts), tokens, ignore_eos=True, seed=seed)
+    before = selection_counts(llm)
+    t0 = time.perf_counter()
+    outs = generate_in_batches(llm, prompts, params, batch)
+    seconds = time.perf_counter() - t0
+    steps = [sum(o.outputs[0].spec_decode_metrics.histogram)
+             if o.outputs[0].spec_decode_metrics else 0 for o in outs]
+    accepted = [sum(j * n for j, n in enumerate(o.outputs[0].spec_decode_metrics.histogram))
+                if o.outputs[0].spec_decode_metrics else 0 for o in outs]
+    out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    engine_steps = sum(max(steps[i:i + batch]) + 1 for i in range(0, len(outs), batch))
+    fell_back = selection_counts(llm)["fallbacks"] - before["fallbacks"]
+    return dict(tokens=out_tokens, seconds=seconds, tok_s=out_tokens / seconds,
+                tokens_per_pass=(sum(accepted) + sum(steps)) / sum(steps) if sum(steps) else 1.0,
+                engine_steps=engine_steps, sampler_fallbacks=fell_back)
+
+
+def run(args, target: str, draft: str, tiny: bool) -> list[dict]:
+    select_everywhere()  # equal samplers: every engine's top-k/top-p by one k-selection
+    configs = speed_configs(args.gammas, args.widths)
+    families = list(dict.fromkeys(c["engine"] for c in configs))
+    prompts = humaneval_prompts(164)
+    runs = []
+    from tqdm import tqdm
+
+    per_repeat = len(configs) * len(args.batches) * 2
+    with tqdm(total=per_repeat * args.repeats, desc="runs", unit="run") as bar:
+        for r in range(args.repeats):
+            for family in families if r % 2 == 0 else families[::-1]:
+                llm = build(family, args, target, draft, tiny)
+                try:
+                    for batch in args.batches:
+                        n = max(batch, args.min_prompts)
+                        timed, warm = prompts[:n], prompts[HALF:HALF + n]
+                        mine = [c for c in configs if c["engine"] == family]
+                        order = mine if r % 2 == 0 else mine[::-1]
+                        for c in order:  # untimed, on other prompts, half the tokens
+                            time_run(llm, c, warm, batch, max(args.tokens // 2, 1), 2000)
+                            bar.update(1)
+                        for c in order:
+                            runs.append(time_run(llm, c, timed, batch, args.tokens, 0)
+                                        | {"config": c["name"], "batch": batch, "repeat": r})
+                            bar.update(1)
+                finally:
+                    close(llm)
+    return runs
+
+
+def summarise(runs: list[dict], configs: list[dict]) -> list[dict]:
+    """One row per (configuration, batch): median tok/s [min, max], tokens per pass, seconds
+    per engine step, and the ratio against vLLM SD at the same γ and T per repeat."""
+    by = {}
+    for r in runs:
+        by.setdefault((r["config"], r["batch"]), []).append(r)
+    rows = []
+    for c in configs:
+        for batch in sorted({b for _, b in by}):
+            mine = sorted(by.get((c["name"], batch), []), key=lambda r: r["repeat"])
+            if not mine:
+                continue
+            sd_name = next((x["name"] for x in configs if x["engine"].startswith("vllm_sd")
+                            and x["t"] == c["t"] and x["g"] == (c["g"] or 4)), None)
+            sd = {r["repeat"]: r for r in by.get((sd_name, batch), [])}
+            ratios = [r["tok_s"] / sd[r["repeat"]]["tok_s"] for r in mine if r["repeat"] in sd]
+            rows.append(dict(
+                config=c["name"], engine=c["engine"], t=c["t"], w=c["w"], g=c["g"],
+                batch=batch, tok_s=summary([r["tok_s"] for r in mine]),
+                tokens_per_pass=statistics.mean(r["tokens_per_pass"] for r in mine),
+                step_s=statistics.median(r["seconds"] / r["engine_steps"] for r in mine),
+                vs_sd=summary(ratios) if ratios and sd_name != c["name"] else None,
+                sd=sd_name, sampler_fallbacks=sum(r["sampler_fallbacks"] for r in mine)))
+    return rows
+
+
+def cpu_model_check(rows: list[dict]) -> dict:
+    """Fit the cost lines to the MTAD engine's rows (FLy and MTAD: seconds per engine step),
+    predict every vLLM SD row's tok/s from its tokens per pass, and every MTAD-engine row's
+    ratio against SD from the predictions; say whether each measured ratio's [min, max] holds
+    the prediction."""
+    mtad = [r for r in rows if r["engine"] == "mtad"]
+    costs = fit_linear_costs([(r["batch"], r["w"], r["g"], r["step_s"]) for r in mtad])
+    predicted = {}
+    for r in rows:
+        if r["engine"] == "target":
+            continue
+        predicted[(r["config"], r["batch"])] = tokens_per_second(
+            costs, r["batch"], r["w"], r["g"], r["tokens_per_pass"])
+    checks = []
+    for r in rows:
+        if r["engine"] != "mtad" or r["vs_sd"] is None:
+            continue
+        sd_pred = predicted[(r["sd"], r["batch"])]
+        want = predicted[(r["config"], r["batch"])] / sd_pred
+        lo, hi = r["vs_sd"]["min"], r["vs_sd"]["max"]
+        checks.append(dict(config=r["config"], batch=r["batch"], measured=r["vs_sd"],
+                           predicted=want, within=lo <= want <= hi))
+    sd_rows = [dict(config=r["config"], batch=r["batch"], measured=r["tok_s"],
+                    predicted=predicted[(r["config"], r["batch"])])
+               for r in rows if r["engine"].startswith("vllm_sd")]
+    a_t, b_t = costs.target(0), costs.target(1) - costs.target(0)
+    a_d, b_d = costs.draft(0), costs.draft(1) - costs.draft(0)
+    return dict(lines={"target": [a_t, b_t], "draft": [a_d, b_d]},
+                draft_fraction_batch1=costs.draft(1) / costs.target(2),
+                ratios=checks, sd=sd_rows)
+
+
+def gpu_projection(acceptance: dict, batches=(1, 16)) -> list[dict]:
+    """Projected speedup over vLLM SD at the same γ (and T=0 prompt set), per rule and draft
+    fraction, from the measured tokens per pass (mean over the prompt sets)."""
+    tpp: dict = {}
+    for key, row in acceptance["rows"].items():
+        config = key.split(" | ")[0]
+        tpp.setdefault(config, []).append(row["pooled"])
+    out = []
+    for config, values in tpp.items():
+        parts = config.split(" ")
+        if parts[0] == "mtad_exact" or parts[-1] != "T0":
+            continue
+        g = int(parts[-2][1:])
+        w = int(parts[1][1:]) if parts[0] == "mtad" else 1
+        sd = tpp.get(f"vllm_sd_greedy g{g} T0")
+        if sd is None:
+            continue
+        row = dict(config=config, w=w, g=g, tokens_per_pass=statistics.mean(values))
+        speed = lambda f, b, w_, g_, tpp: tokens_per_second(gpu_costs(f), b, w_, g_, tpp)  # noqa: E731
+        for f in FRACTIONS:  # over the target alone, batch 1
+            row[f"vs target b1 f{f}"] = speed(f, 1, w, g, row["tokens_per_pass"]) / speed(
+                f, 1, 1, 0, 1.0)
+        for b in batches:  # over vLLM SD at the same γ (draft fraction 0.1)
+            row[f"vs SD b{b} f0.1"] = (speed(0.1, b, w, g, row["tokens_per_pass"])
+                                       / speed(0.1, b, 1, g, statistics.mean(sd)))
+        out.append(row)
+    return out
+
+
+def markdown(rows, check, projection) -> str:
+    cell = lambda s: f"{s['median']:.2f} [{s['min']:.2f}, {s['max']:.2f}]"  # noqa: E731
+    lines = ["| configuration | batch | tok/s [min, max] | tokens / pass | s / step | "
+             "vs vLLM SD, same γ and T |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['batch']} | {cell(r['tok_s'])} | "
+                     f"{r['tokens_per_pass']:.2f} | {r['step_s']:.3f} | "
+                     f"{cell(r['vs_sd']) if r['vs_sd'] else '–'} |")
+    lines += ["", "Cost model on this CPU (fitted to the MTAD engine's steps; SD predicted):", "",
+              "| configuration | batch | measured vs SD [min, max] | predicted | within |",
+              "|---|---|---|---|---|"]
+    for c in check["ratios"]:
+        lines.append(f"| {c['config']} | {c['batch']} | {cell(c['measured'])} | "
+                     f"{c['predicted']:.2f} | {'yes' if c['within'] else 'no'} |")
+    if projection:
+        heads = [k for k in projection[0] if k.startswith("vs ")]
+        lines += ["", "GPU projection (a model, not a measurement; T=0, tokens per pass "
+                  "measured here): speedup over the target alone at batch 1 by draft-forward "
+                  "fraction f, and over vLLM SD at the same γ:", "",
+                  "| rule | W | γ | tokens / pass | " + " | ".join(heads) + " |",
+                  "|---" * (4 + len(heads)) + "|"]
+        for p in projection:
+            lines.append(f"| {p['config']} | {p['w']} | {p['g']} | {p['tokens_per_pass']:.2f} | "
+                         + " | ".join(f"{p[h]:.2f}" for h in heads) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(ap)
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    ap.add_argument("--batches", type=ints, default=[1, 4])
+    ap.add_argument("--gammas", type=ints, default=[4, 8])
+    ap.add_argument("--widths", type=ints, default=[1, 4])
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--min-prompts", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--dtype", default=None, help="the real pair's (default: by the CPU)")
+    ap.add_argument("--acceptance", type=Path,
+                    default=Path("benchmarks/reports/acceptance-cpu/acceptance.json"))
+    ap.add_argument("--out", type=Path, default=RESULTS / "rules-speed")
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args(argv)
+    args.batch = max(args.batches)
+    if args.dtype is None:
+        from devtools.engine import default_dtype
+
+        args.dtype = default_dtype()
+    path = args.out / "runs.json"
+    if args.report_only:
+        runs = json.loads(path.read_text())["runs"]
+    else:
+        target, draft, tiny = resolve_pair(args)
+        t0 = time.perf_counter()
+        runs = run(args, target, draft, tiny)
+        args.out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"runs": runs, "wall_s": time.perf_counter() - t0,
+                                    "environment": environment()}, indent=1))
+    rows = summarise(runs, speed_configs(args.gammas, args.widths))
+    check = cpu_model_check(rows)
+    projection = (gpu_projection(json.loads(args.acceptance.read_text()))
+                  if args.acceptance.exists() else [])
+    table = markdown(rows, check, projection)
+    write_outputs("rules_speed", {"rows": rows, "cpu_model": check, "gpu_projection": projection,
+                                  "args": {k: str(v) for k, v in vars(args).items()},
+                                  "environment": environment(), "code_version": code_version()},
+                  table, args.out)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
