@@ -15,6 +15,15 @@ pytestmark = pytest.mark.engine
 PROMPTS = [[1 + (i * 5 + j) % 60 for j in range(6 + 4 * i)] for i in range(4)]
 
 
+def counted(llm, params):
+    """The outputs of PROMPTS, and the draft tokens verified and accepted meanwhile."""
+    before = spec_counters(llm)
+    out = generate_ids(llm, PROMPTS, params)
+    after = spec_counters(llm)
+    return out, after["draft_tokens"] - before["draft_tokens"], (
+        after["accepted"] - before["accepted"])
+
+
 def test_fly_in_the_engine_reduces_to_exact_and_to_accept_all(tiny_pair_dirs):
     """With a threshold no entropy reaches, FLy never defers: token for token the "exact"
     rule, with the same acceptance. With threshold 0 and an empty window every rejection is
@@ -32,11 +41,7 @@ def test_fly_in_the_engine_reduces_to_exact_and_to_accept_all(tiny_pair_dirs):
                             extra_args={"greedy_acceptance": "exact"})
 
     def run():
-        before = spec_counters(llm)
-        out = generate_ids(llm, PROMPTS, params)
-        after = spec_counters(llm)
-        return out, after["draft_tokens"] - before["draft_tokens"], (
-            after["accepted"] - before["accepted"])
+        return counted(llm, params)
 
     try:
         llm.collective_rpc(force_plans([(1, 4)]))
@@ -71,13 +76,8 @@ def test_sampled_fly_in_the_engine(tiny_pair_dirs):
 
     def run(rule, **sampling):
         llm.collective_rpc(use_comparison_rule(rule))
-        params = [SamplingParams(max_tokens=40, temperature=1.0, ignore_eos=True, seed=5 + i,
-                                 **sampling) for i in range(len(PROMPTS))]
-        before = spec_counters(llm)
-        out = generate_ids(llm, PROMPTS, params)
-        after = spec_counters(llm)
-        return out, after["draft_tokens"] - before["draft_tokens"], (
-            after["accepted"] - before["accepted"])
+        return counted(llm, [SamplingParams(max_tokens=40, temperature=1.0, ignore_eos=True,
+                                            seed=5 + i, **sampling) for i in range(len(PROMPTS))])
 
     try:
         llm.collective_rpc(force_plans([(1, 4)]))
