@@ -218,6 +218,10 @@ def markdown(rows, check, projection) -> str:
         for p in projection:
             lines.append(f"| {p['config']} | {p['w']} | {p['g']} | {p['tokens_per_pass']:.2f} | "
                          + " | ".join(f"{p[h]:.2f}" for h in heads) + " |")
+        best = {f: max(projection, key=lambda p: p[f"vs target b1 f{f}"])["config"]
+                for f in FRACTIONS}
+        lines += ["", "The fastest rule and (W, γ) at batch 1, by f: "
+                  + "; ".join(f"f={f}: {c}" for f, c in best.items()) + "."]
     return "\n".join(lines)
 
 
