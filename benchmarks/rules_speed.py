@@ -69,7 +69,9 @@ def time_run(llm, config: dict, prompts: list[str], batch: int, tokens: int, see
     accepted = [sum(j * n for j, n in enumerate(o.outputs[0].spec_decode_metrics.histogram))
                 if o.outputs[0].spec_decode_metrics else 0 for o in outs]
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    engine_steps = sum(max(steps[i:i + batch]) + 1 for i in range(0, len(outs), batch))
+    # The target alone: one step a token (no verify steps recorded).
+    per_request = steps if any(steps) else [len(o.outputs[0].token_ids) - 1 for o in outs]
+    engine_steps = sum(max(per_request[i:i + batch]) + 1 for i in range(0, len(outs), batch))
     fell_back = selection_counts(llm)["fallbacks"] - before["fallbacks"]
     return dict(tokens=out_tokens, seconds=seconds, tok_s=out_tokens / seconds,
                 tokens_per_pass=(sum(accepted) + sum(steps)) / sum(steps) if sum(steps) else 1.0,
