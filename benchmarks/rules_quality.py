@@ -100,14 +100,12 @@ def generate(args, target, draft, tiny, sets, configs, records: Store) -> None:
 def perplexities(args, target, tiny, sets, records: Store, scores: Store) -> None:
     from tqdm import tqdm
 
-    from benchmarks.acceptance import build as build_engine
-
     missing = [k for k in records.rows if k not in scores]
     if not missing:
         return
     problems = [p for probs in sets.values() for p in probs]
     with tqdm(total=len(missing), desc="perplexity", unit="output") as bar:
-        llm = build_engine("target", args, target, None, tiny)
+        llm = build("target", args, target, None, tiny)
         try:
             score(llm, records, scores, problems, args, bar)
         finally:

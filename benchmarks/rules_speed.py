@@ -38,7 +38,7 @@ from benchmarks.lib.projection import (fit_linear_costs, gpu_costs, step_seconds
                                        tokens_per_second)
 from benchmarks.lib.prompts import HALF, humaneval_prompts
 from benchmarks.lib.report import RESULTS, code_version, environment, write_outputs
-from benchmarks.lib.runner import generate_in_batches
+from benchmarks.lib.runner import generate_in_batches, per_request_acceptance
 from benchmarks.lib.stats import summary
 from devtools.engine import close
 from devtools.models import add_model_args, resolve_pair
@@ -64,10 +64,7 @@ def time_run(llm, config: dict, prompts: list[str], batch: int, tokens: int, see
     t0 = time.perf_counter()
     outs = generate_in_batches(llm, prompts, params, batch)
     seconds = time.perf_counter() - t0
-    steps = [sum(o.outputs[0].spec_decode_metrics.histogram)
-             if o.outputs[0].spec_decode_metrics else 0 for o in outs]
-    accepted = [sum(j * n for j, n in enumerate(o.outputs[0].spec_decode_metrics.histogram))
-                if o.outputs[0].spec_decode_metrics else 0 for o in outs]
+    steps, accepted = zip(*(per_request_acceptance([o]) for o in outs))  # per request
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     # The target alone: one step a token (no verify steps recorded).
     per_request = steps if any(steps) else [len(o.outputs[0].token_ids) - 1 for o in outs]
