@@ -13,7 +13,11 @@ Configurations, per draft length γ (``--gammas``) and temperature (``--temperat
   - ``fly``: the same drafts (T = 0: the argmax chain; T > 0: one sampled chain), FLy's rule
     (vllm_mtad.sampler.use_comparison_rule, its defaults: window min(6, γ − 1), entropy
     threshold 0.3; at T > 0 the p/q test and the residual at a rejection);
-  - ``mtad w{W}``: MTAD's rule, greedy "joint" at T = 0, sampled at T > 0.
+  - ``mtad w{W}``: MTAD's rule, greedy "joint" at T = 0, sampled at T > 0;
+- ``mtad_adaptive`` (``--adaptive``): MTAD with the adaptive policy choosing each step's
+  (W, γ) up to the largest ``--widths`` and ``--gammas``, on its own engine, after one
+  unrecorded pass over the same prompts (other seeds) so that its cost lines and acceptance
+  statistics are measured; each record keeps the arms the policy chose for its run.
 
 Tokens per target pass of a request: (accepted draft tokens + verify steps) / verify steps,
 from vLLM's per-request spec-decode histogram (a verify step's bonus or extra token counts
@@ -41,7 +45,7 @@ from benchmarks.lib.stats import bootstrap_mean, paired_bootstrap_diff
 from devtools.models import add_model_args, resolve_pair
 
 
-def configurations(temperatures, gammas, widths) -> list[dict]:
+def configurations(temperatures, gammas, widths, adaptive: bool = False) -> list[dict]:
     """Every configuration to run: name, engine, temperature, γ, W, request mode, rule."""
     out = []
     for t in temperatures:
@@ -55,6 +59,10 @@ def configurations(temperatures, gammas, widths) -> list[dict]:
                             mode="exact", rule="fly"))  # (the mode is read at T = 0 only)
             out += [dict(name=f"mtad w{w} g{g} T{t:g}", engine="mtad", t=t, g=g, w=w,
                          mode="joint") for w in widths]
+    if adaptive:  # bounds: the largest W and γ of the grid
+        out += [dict(name=f"mtad_adaptive w{max(widths)} g{max(gammas)} T{t:g}",
+                     engine="mtad_adaptive", t=t, g=max(gammas), w=max(widths), mode="joint",
+                     adaptive=True) for t in temperatures]
     return out
 
 
@@ -78,9 +86,10 @@ def build(engine: str, args, target: str, draft: str, tiny: bool):
     if engine == "target":  # the target alone (benchmarks.rules_quality's baseline)
         common.pop("per_request_spec_decode_metrics")
         return build_llm(target, None, **common)
-    if engine == "mtad":
+    if engine in ("mtad", "mtad_adaptive"):
+        policy = "adaptive" if engine == "mtad_adaptive" else "fixed"
         spec = mtad_spec(draft, gamma=max(args.gammas), width=max(args.widths),
-                         beam_kv_fraction=0.5)
+                         beam_kv_fraction=0.5, speculation_policy=policy)
         return build_llm(target, spec, **common)
     kind, gamma = engine.split(":")
     extra = {"draft_sample_method": "greedy"} if kind == "vllm_sd_greedy" else {}
@@ -88,12 +97,14 @@ def build(engine: str, args, target: str, draft: str, tiny: bool):
 
 
 def prepare(llm, config: dict) -> None:
-    """Set the MTAD engine up for ``config``: every step's (W, γ) and the rule (FLy or MTAD's)."""
-    if config["engine"] == "mtad":
+    """Set the MTAD engine up for ``config``: every step's (W, γ) (or the policy's) and the rule
+    (FLy or MTAD's)."""
+    if config["engine"] in ("mtad", "mtad_adaptive"):
         from vllm_mtad.policy.controller import force_plans
         from vllm_mtad.sampler import FlyRule, use_comparison_rule
 
-        llm.collective_rpc(force_plans([(config["w"], config["g"])]))
+        llm.collective_rpc(force_plans(None if config.get("adaptive")
+                                       else [(config["w"], config["g"])]))
         llm.collective_rpc(use_comparison_rule(FlyRule() if config.get("rule") else None))
 
 
@@ -129,10 +140,21 @@ def run_config(llm, config: dict, prompts: list[str], max_tokens: int, stop=None
     return records
 
 
-def narrowed_rows(llm) -> int:
+def drafter_counters(llm) -> dict:
     from vllm_mtad.proposer import drafter_stats
 
-    return int(llm.collective_rpc(drafter_stats)[0].get("narrowed_rows", 0))
+    return llm.collective_rpc(drafter_stats)[0]
+
+
+def narrowed_rows(llm) -> int:
+    return int(drafter_counters(llm).get("narrowed_rows", 0))
+
+
+def chosen_since(before: dict, after: dict) -> dict:
+    """The policy's chosen arms ("W{w}_g{g}" -> steps) between two drafter_stats()."""
+    old = before.get("policy_chosen", {})
+    return {k: n - old.get(k, 0) for k, n in after.get("policy_chosen", {}).items()
+            if n > old.get(k, 0)}
 
 
 def run(args) -> Path:
@@ -145,7 +167,8 @@ def run(args) -> Path:
         for line in path.read_text().splitlines():
             r = json.loads(line)
             done.add((r["config"], r["set"]))
-    configs = configurations(args.temperatures, args.gammas, args.widths)
+    configs = configurations(args.temperatures, args.gammas, args.widths,
+                             getattr(args, "adaptive", False))
     for engine in dict.fromkeys(c["engine"] for c in configs):
         todo = [(c, s) for c in configs if c["engine"] == engine for s in sets
                 if (c["name"], s) not in done]
@@ -154,8 +177,19 @@ def run(args) -> Path:
         llm = build(engine, args, target, draft, tiny)
         try:
             for config, name in todo:
+                if config.get("adaptive"):  # unrecorded: the policy measures its arms
+                    prepare(llm, config)
+                    llm.generate(sets[name], sampling_params(config, len(sets[name]),
+                                                             args.max_tokens, seed=5000),
+                                 use_tqdm=False)
+                before = drafter_counters(llm) if engine != "target" else {}
                 records = run_config(llm, config, sets[name], args.max_tokens)
-                extra = {"narrowed_rows": narrowed_rows(llm)} if engine == "mtad" else {}
+                extra = {}
+                if engine.startswith("mtad"):
+                    after = drafter_counters(llm)
+                    extra = {"narrowed_rows": int(after.get("narrowed_rows", 0))}
+                    if config.get("adaptive"):
+                        extra["policy_chosen"] = chosen_since(before, after)
                 with path.open("a") as f:
                     for r in records:
                         f.write(json.dumps(r | {"config": config["name"], "set": name} | extra)
@@ -182,6 +216,13 @@ def _paired(records: list[dict], base: list[dict] | None):
     base = sorted(base, key=lambda r: r["prompt"])
     return paired_bootstrap_diff([tokens_per_pass([r]) for r in records],
                                  [tokens_per_pass([r]) for r in base])
+
+
+def policy_shares(counts: dict) -> dict:
+    """The adaptive policy's arms of one run ("W{w}_g{g}" -> steps) as shares of its steps,
+    most chosen first."""
+    steps = max(sum(counts.values()), 1)
+    return {k: round(n / steps, 3) for k, n in sorted(counts.items(), key=lambda kv: -kv[1])}
 
 
 def _cell(diff) -> str:
@@ -214,10 +255,17 @@ def summarise(path: Path, args) -> tuple[dict, str]:
             vs_fly=None if same.get("fly") is records else _paired(records, same.get("fly")),
             distribution=[round(n / total, 3) for n in hist],
             narrowed_rows=max(r.get("narrowed_rows", 0) for r in records))
+        if "policy_chosen" in records[0]:  # the same counts, the run's, in each record
+            m["policy_chosen"] = policy_shares(records[0]["policy_chosen"])
         table.append(f"| {config} | {name} ({len(records)}) | {m['pooled']:.2f} | "
                      f"{m['mean'][0]:.2f} [{m['mean'][1]:.2f}, {m['mean'][2]:.2f}] | "
                      f"{_cell(m['vs_sd'])} | {_cell(m['vs_fly'])} | "
                      f"{' '.join(f'{x:.2f}' for x in m['distribution'])} |")
+    chosen = [f"- {key.replace(' | ', ' on ')}: "
+              + ", ".join(f"{arm} {share:.0%}" for arm, share in m["policy_chosen"].items())
+              for key, m in rows.items() if "policy_chosen" in m]
+    if chosen:
+        table += ["", "The adaptive policy's arms (share of its steps):", *chosen]
     payload = {"rows": rows, "args": {k: str(v) for k, v in vars(args).items()},
                "environment": environment(), "code_version": code_version()}
     return payload, "\n".join(table)
@@ -250,6 +298,8 @@ def main(argv=None) -> None:
     ap.add_argument("--widths", type=lambda s: [int(x) for x in s.split(",")],
                     default=[1, 4, 8])
     ap.add_argument("--prompts", default="humaneval:16,chat:16")
+    ap.add_argument("--adaptive", action="store_true",
+                    help="also MTAD with the adaptive policy, bounded by the largest W and γ")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--dtype", default=None, help="the real pair's (default: by the CPU)")

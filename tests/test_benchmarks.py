@@ -411,6 +411,15 @@ def test_acceptance_table_on_tiny_pair_resumes_and_reports(tmp_path):
     assert (out / "records.jsonl").read_text() == before
     table = (out / "acceptance.md").read_text()
     assert all(c in table for c in configs) and (out / "acceptance.png").exists()
+    # the adaptive policy's row, into the same records: W <= 2, γ <= 3, the arms it chose
+    run_module(common + ["--adaptive"], tmp_path)
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    adaptive = [r for r in records if r["config"] == "mtad_adaptive w2 g3 T0"]
+    assert sorted(r["prompt"] for r in adaptive) == [0, 1, 2]
+    chosen = adaptive[0]["policy_chosen"]
+    arms = [tuple(int(x) for x in k[1:].split("_g")) for k in chosen]
+    assert sum(chosen.values()) > 0 and all(w <= 2 and g <= 3 for w, g in arms)
+    assert "adaptive policy's arms" in (out / "acceptance.md").read_text()
 
 
 @pytest.mark.system
