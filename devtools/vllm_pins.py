@@ -161,6 +161,11 @@ _PINS_0_32_0 = [
      '(logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sampling_metadata: '
      'SamplingMetadata) -> torch.Tensor',
      'vllm_mtad/sampler.py', None),
+    # patch_topk_topp_sampler wraps this function where it is looked up (its own module and
+    # rejection_sampler's import of it) and calls the original with the same arguments.
+    ('vllm.v1.sample.ops.topk_topp_sampler', 'apply_top_k_top_p',
+     '(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor',
+     'patches/worker/patch_topk_topp_sampler.py', None),
     # The policy's (W, γ) counts: worker output -> scheduler stats -> the stat-logger plugin.
     ('vllm.v1.worker.gpu_worker', 'Worker.sample_tokens',
      "(self, grammar_output: 'GrammarOutput | None') -> ModelRunnerOutput | "
@@ -176,14 +181,20 @@ PIN_KEYS = [(module, qualname, glue) for module, qualname, _, glue, _ in _PINS_0
 PINS = {"0.32.0": {(module, qualname, glue): (signature, source_hash)
                    for module, qualname, signature, glue, source_hash in _PINS_0_32_0}}
 # vLLM 0.33.0 (CUDA only), from the wheel's sources (python -m devtools.pin_check 0.33.0;
-# docs/vllm-integration.md#vllm-032-and-033): every signature as in 0.32.0; one pinned source
-# moved: RejectionSampler.forward passes FLy's lossy-verification arguments on to
+# docs/vllm-integration.md#vllm-032-and-033): every signature as in 0.32.0 but
+# apply_top_k_top_p's (patch_topk_topp_sampler, CPU only: a hint argument added); one pinned
+# source moved: RejectionSampler.forward passes FLy's lossy-verification arguments on to
 # rejection_sample, the call MTAD's forward replaces (config.py refuses FLy's keys for MTAD).
 PINS["0.33.0"] = {
     **PINS["0.32.0"],
     ("vllm.v1.sample.rejection_sampler", "RejectionSampler.forward", S):
         (PINS["0.32.0"][("vllm.v1.sample.rejection_sampler", "RejectionSampler.forward", S)][0],
          "5f03339ca632e518"),
+    # patch_topk_topp_sampler's function gained a hint argument (the wrapper passes it on).
+    ("vllm.v1.sample.ops.topk_topp_sampler", "apply_top_k_top_p",
+     "patches/worker/patch_topk_topp_sampler.py"):
+        ("(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None, "
+         "has_topp_only_rows: bool = True) -> torch.Tensor", None),
 }
 
 # Source lines the glue relies on: (module, qualified name, strings the source must contain,
@@ -207,6 +218,15 @@ SOURCE_LINES = [
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model",
      ("self._update_states(scheduler_output)",
       "self._prepare_inputs(scheduler_output, num_scheduled_tokens_np)"), True, P),
+    # patch_topk_topp_sampler replaces the name in these two modules: vLLM's samplers and
+    # vLLM SD's verification must call it by that name (not a copy bound elsewhere).
+    ("vllm.v1.sample.ops.topk_topp_sampler", "TopKTopPSampler.forward_native",
+     ("apply_top_k_top_p(logits, k, p)",), False, "patches/worker/patch_topk_topp_sampler.py"),
+    ("vllm.v1.sample.ops.topk_topp_sampler", "TopKTopPSampler.forward_cpu",
+     ("apply_top_k_top_p(logits, k, p)",), False, "patches/worker/patch_topk_topp_sampler.py"),
+    ("vllm.v1.sample.rejection_sampler", "apply_sampling_constraints",
+     ("return apply_top_k_top_p(logits, top_k, top_p)",), False,
+     "patches/worker/patch_topk_topp_sampler.py"),
     # MTAD's log q reach the sampler through this channel.
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.propose_draft_token_ids",
      ("self.drafter.take_last_draft_probs()",), False,

