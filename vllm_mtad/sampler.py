@@ -34,8 +34,8 @@ from vllm.v1.sample.rejection_sampler import RejectionSampler
 
 from vllm_mtad.config import MTADConfig
 from vllm_mtad.core import Bonus, NoiseKeys, is_greedy, mask_top_k_top_p, mtad_accept
-from vllm_mtad.core.fly import (DEFAULT_ENTROPY_THRESHOLD, FlyDraft, FlyGate, fly_accept,
-                                 top_k_entropy)
+from vllm_mtad.core.fly import (DEFAULT_ENTROPY_THRESHOLD, FlyDraft, FlyGate, default_window,
+                                fly_accept, top_k_entropy)
 from vllm_mtad.core.processing import Candidates, draft_candidates
 from vllm_mtad.policy.controller import SpeculationController
 from vllm_mtad.request_state import DraftDistributions, MTADRequestState, row_sampling_params
@@ -162,7 +162,8 @@ class MTADRejectionSampler(RejectionSampler):
         else:  # sampled rows with top-k: the processed distribution's candidates
             entropy = top_k_entropy(target.cands.logprobs)
         entropy = torch.where(target.valid, entropy[target.flat], 0.0)  # [B, γ]
-        window = rule.window if rule.window is not None else min(6, max(target.gamma - 1, 0))
+        window = rule.window if rule.window is not None else (
+            default_window(target.gamma) if target.gamma >= 2 else 0)  # γ = 1: no window
         draft = FlyDraft(drafts, draft_lp,
                          lambda index: self.state.distributions.at(req_ids, index))
         return fly_accept(draft, target, entropy, Bonus(target.counts, bonus_token_ids),
