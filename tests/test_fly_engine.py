@@ -64,7 +64,7 @@ def test_sampled_fly_in_the_engine(tiny_pair_dirs):
     drafts rejected), and reruns with the same seeds give the same tokens; with threshold 0
     and no window every drafted token the target does not rule out is accepted (no top-k/top-p:
     the target rules none out); with top-k/top-p (sparse candidates) it runs and defers some
-    rejections: it accepts more than without deferral."""
+    rejections: it accepts more than without deferral. Two-beam sampled drafts are refused."""
     from vllm import SamplingParams
 
     from vllm_mtad.policy.controller import force_plans
@@ -91,6 +91,11 @@ def test_sampled_fly_in_the_engine(tiny_pair_dirs):
         _, drafted_loose, loose_accepted = run(FlyRule(window=0, entropy_threshold=0.0),
                                                top_k=10, top_p=0.9)
         assert loose_accepted / drafted_loose > strict_accepted / drafted
+        # sampled drafts of more than one beam have no kept distribution: refused, by name
+        # (last: the step fails, and the in-process engine with it)
+        llm.collective_rpc(force_plans([(2, 4)]))
+        with pytest.raises(Exception, match="FLy comparison rule verifies one-beam drafts"):
+            run(FlyRule())
     finally:
         llm.collective_rpc(use_comparison_rule(None))
         close(llm)
