@@ -33,7 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.acceptance import build, configurations, narrowed_rows, run_config, tokens_per_pass
+from benchmarks.acceptance import (build, configurations, drafter_counters, run_config,
+                                   tokens_per_pass)
 from benchmarks.lib.humaneval import run_checks
 from benchmarks.lib.prompts import HUMANEVAL_STOP, chat_prompts
 from benchmarks.lib.report import RESULTS, code_version, environment, write_outputs
@@ -78,6 +79,7 @@ def generate(args, target, draft, tiny, sets, configs, records: Store) -> None:
                     probs = sets[name]
                     stop = HUMANEVAL_STOP if name == "humaneval" else None
                     tokens = args.max_tokens if name == "humaneval" else args.chat_tokens
+                    before = drafter_counters(llm) if engine == "mtad" else {}
                     t0 = time.perf_counter()
                     outs = run_config(llm, config, [p["prompt"] for p in probs], tokens, stop)
                     wall = time.perf_counter() - t0
@@ -86,7 +88,7 @@ def generate(args, target, draft, tiny, sets, configs, records: Store) -> None:
                         passed = [r["passed"] for r in run_checks(
                             [{"task_id": p["task_id"], "completion": o["text"]}
                              for p, o in zip(probs, outs)])]
-                    extra = {"narrowed_rows": narrowed_rows(llm)} if engine == "mtad" else {}
+                    extra = run_counters(before, drafter_counters(llm)) if before else {}
                     records.append([o | extra | {"config": config["name"], "set": name,
                                                  "task_id": p["task_id"], "sample": 0,
                                                  "passed": ok, "wall_s": wall}
@@ -95,6 +97,27 @@ def generate(args, target, draft, tiny, sets, configs, records: Store) -> None:
                     bar.set_postfix_str(f"{config['name']} {name}: {wall:.0f} s")
             finally:
                 close(llm)
+
+
+def run_counters(before: dict, after: dict) -> dict:
+    """The MTAD engine's counters over one run (drafter_stats() before and after): its drafts
+    verified and draft tokens accepted, and rows narrowed to one beam (must stay 0)."""
+    return {"narrowed_rows": int(after.get("narrowed_rows", 0)),
+            "run_drafts": after["verified_drafts"] - before["verified_drafts"],
+            "run_accepted": after["accepted_tokens"] - before["accepted_tokens"]}
+
+
+def run_tokens_per_pass(recs: list[dict]) -> float | None:
+    """Tokens per target pass of one run's outputs, pooled: from the engine's run counters
+    where recorded (each record holds the run's); else from vLLM's per-request metrics where
+    no request lacks them; else None. (vLLM 0.32 hands no per-request metrics to a request a
+    stop string ends: the frontend finds the string after the scheduler's last output for it,
+    so HumanEval's stop sequences leave most records without them.)"""
+    if "run_drafts" in recs[0]:
+        return (recs[0]["run_accepted"] + recs[0]["run_drafts"]) / max(recs[0]["run_drafts"], 1)
+    if any(r["steps"] == 0 and len(r["token_ids"]) > 1 for r in recs):
+        return None
+    return tokens_per_pass(recs)
 
 
 def perplexities(args, target, tiny, sets, records: Store, scores: Store) -> None:
@@ -134,7 +157,8 @@ def summarise(configs, sets, records: Store, scores: Store) -> tuple[list[dict],
             per[(c["name"], name)] = (passed, ppl)  # (ppl: outputs with tokens, in order)
             base = per.get((f"target T{c['t']:g}", name))
             row = dict(config=c["name"], set=name, prompts=len(keys),
-                       tokens_per_pass=tokens_per_pass(recs) if c["engine"] != "target" else 1.0,
+                       tokens_per_pass=run_tokens_per_pass(recs) if c["engine"] != "target"
+                       else 1.0,
                        ppl=bootstrap_mean(ppl),
                        hit_max_tokens=sum(r["finish_reason"] == "length" for r in recs),
                        narrowed_rows=max(r.get("narrowed_rows", 0) for r in recs))
@@ -147,8 +171,9 @@ def summarise(configs, sets, records: Store, scores: Store) -> tuple[list[dict],
             rows.append(row)
             cell = lambda v, f="{:.3f}": "–" if v is None else (  # noqa: E731
                 f"{f.format(v[0])} [{f.format(v[1])}, {f.format(v[2])}]")
+            tpp = row["tokens_per_pass"]
             lines.append(
-                f"| {c['name']} | {name} ({len(keys)}) | {row['tokens_per_pass']:.2f} | "
+                f"| {c['name']} | {name} ({len(keys)}) | {'–' if tpp is None else f'{tpp:.2f}'} | "
                 f"{cell(row.get('pass@1'))} | {cell(row.get('pass@1_vs_target'), '{:+.3f}')} | "
                 f"{cell(row['ppl'])} | {cell(row.get('ppl_vs_target'), '{:+.3f}')} | "
                 f"{row['hit_max_tokens']} |")
@@ -164,7 +189,8 @@ def plot(rows: list[dict], out: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, name, key, label in ((axes[0], "humaneval", "pass@1", "HumanEval pass@1"),
                                  (axes[1], "chat", "ppl", "chat: perplexity under the target")):
-        sel = [r for r in rows if r["set"] == name and key in r]
+        sel = [r for r in rows if r["set"] == name and key in r
+               and r["tokens_per_pass"] is not None]
         for r in sel:
             v = r[key]
             ax.errorbar([r["tokens_per_pass"]], [v[0]], yerr=[[v[0] - v[1]], [v[2] - v[0]]],

@@ -425,8 +425,9 @@ def test_acceptance_table_on_tiny_pair_resumes_and_reports(tmp_path):
 @pytest.mark.system
 def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
     """benchmarks.rules_quality end to end at T=0 and T=1: a checked HumanEval record and a
-    perplexity for every (configuration, prompt), FLy at both temperatures, a rerun that adds
-    nothing, and rows paired against the target alone."""
+    perplexity for every (configuration, prompt), FLy at both temperatures, each run's engine
+    counters equal to its requests' metrics, a rerun that adds nothing, and rows paired against
+    the target alone."""
     out = tmp_path / "out"
     common = ["benchmarks.rules_quality", "--tiny", "--problems", "2", "--chat", "2",
               "--max-tokens", "10", "--chat-tokens", "10", "--gammas", "3", "--widths", "1,2",
@@ -439,6 +440,15 @@ def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
     assert len(records) == len(configs) * 4
     assert all((r["passed"] is None) == (r["set"] == "chat") for r in records)
     assert all(r["steps"] > 0 for r in records if not r["config"].startswith("target"))
+    # each run's engine counters (what tokens per pass reads where a stop string cost vLLM's
+    # per-request metrics) agree with the requests' own
+    runs = {}
+    for r in records:
+        if not r["config"].startswith("target"):
+            runs.setdefault((r["config"], r["set"]), []).append(r)
+    for recs in runs.values():
+        assert {(r["run_drafts"], r["run_accepted"]) for r in recs} == {
+            (sum(r["steps"] for r in recs), sum(r["accepted"] for r in recs))}
     scores = (out / "scores.jsonl").read_text().splitlines()
     assert len(scores) == sum(1 for r in records if r["token_ids"])
     before = (out / "records.jsonl").read_text()
