@@ -257,13 +257,18 @@ def summarise(path: Path, args) -> tuple[dict, str]:
             narrowed_rows=max(r.get("narrowed_rows", 0) for r in records))
         if "policy_chosen" in records[0]:  # the same counts, the run's, in each record
             m["policy_chosen"] = policy_shares(records[0]["policy_chosen"])
+            # its steps without a draft (γ = 0) are target passes too: tokens over all passes
+            # (a pass yields 1 + its accepted tokens; the prompt's pass counts as one)
+            m["tokens_per_any_pass"] = sum(r["tokens"] for r in records) / max(
+                sum(r["tokens"] - r["accepted"] for r in records), 1)
         table.append(f"| {config} | {name} ({len(records)}) | {m['pooled']:.2f} | "
                      f"{m['mean'][0]:.2f} [{m['mean'][1]:.2f}, {m['mean'][2]:.2f}] | "
                      f"{_cell(m['vs_sd'])} | {_cell(m['vs_fly'])} | "
                      f"{' '.join(f'{x:.2f}' for x in m['distribution'])} |")
     chosen = [f"- {key.replace(' | ', ' on ')}: "
               + ", ".join(f"{arm} {share:.0%}" for arm, share in m["policy_chosen"].items())
-              for key, m in rows.items() if "policy_chosen" in m]
+              + f"; {m['tokens_per_any_pass']:.2f} tokens a target pass, steps without a "
+              "draft included" for key, m in rows.items() if "policy_chosen" in m]
     if chosen:
         table += ["", "The adaptive policy's arms (share of its steps):", *chosen]
     payload = {"rows": rows, "args": {k: str(v) for k, v in vars(args).items()},
