@@ -5,6 +5,8 @@ target pass of the same outputs; and perplexity and tokens per pass on the chat 
     python -m benchmarks.rules_quality --temperatures 0 --gammas 4,8 --widths 1,4 \\
         --out benchmarks/reports/rules-quality-cpu            # real pair (resumable)
     python -m benchmarks.rules_quality --report-only --out benchmarks/reports/rules-quality-cpu
+    python -m benchmarks.rules_quality --only "fly g8 T0" --no-score --out ...   # generate now,
+        # score the perplexities in a later run (the same command without --no-score)
     python -m benchmarks.rules_quality --tiny --problems 3 --chat 2 --max-tokens 16 --out DIR
 
 Configurations per temperature: the target alone, then benchmarks.acceptance's MTAD-engine
@@ -146,26 +148,32 @@ def summarise(configs, sets, records: Store, scores: Store) -> tuple[list[dict],
             keys = [(c["name"], p["task_id"], 0) for p in probs]
             have = sum(k in records for k in keys)
             spoke = [k for k in keys if k in records and records.rows[k]["token_ids"]]
-            if not probs or have < len(keys) or any(k not in scores for k in spoke):
+            if not probs or have < len(keys):
                 if have:
-                    print(f"{c['name']} on {name}: {have} of {len(keys)} outputs recorded "
-                          "(or not all scored); left out", file=sys.stderr)
+                    print(f"{c['name']} on {name}: {have} of {len(keys)} outputs recorded; "
+                          "left out", file=sys.stderr)
                 continue
+            scored = all(k in scores for k in spoke)
+            if not scored:
+                print(f"{c['name']} on {name}: not all outputs scored (--no-score?); no "
+                      "perplexity", file=sys.stderr)
             recs = [records.rows[k] for k in keys]
-            ppl = [math.exp(scores.rows[k]["nll"] / scores.rows[k]["tokens"]) for k in spoke]
+            ppl = [math.exp(scores.rows[k]["nll"] / scores.rows[k]["tokens"]) for k in spoke
+                   ] if scored else None
             passed = [float(r["passed"]) for r in recs] if name == "humaneval" else None
             per[(c["name"], name)] = (passed, ppl)  # (ppl: outputs with tokens, in order)
             base = per.get((f"target T{c['t']:g}", name))
             row = dict(config=c["name"], set=name, prompts=len(keys),
                        tokens_per_pass=run_tokens_per_pass(recs) if c["engine"] != "target"
                        else 1.0,
-                       ppl=bootstrap_mean(ppl),
+                       ppl=bootstrap_mean(ppl) if scored else None,
                        hit_max_tokens=sum(r["finish_reason"] == "length" for r in recs),
                        narrowed_rows=max(r.get("narrowed_rows", 0) for r in recs))
             if passed is not None:
                 row["pass@1"] = bootstrap_mean(passed)
-            if base is not None and c["engine"] != "target" and len(base[1]) == len(ppl):
-                row["ppl_vs_target"] = paired_bootstrap_diff(ppl, base[1])
+            if base is not None and c["engine"] != "target":
+                if scored and base[1] is not None and len(base[1]) == len(ppl):
+                    row["ppl_vs_target"] = paired_bootstrap_diff(ppl, base[1])
                 if passed is not None:
                     row["pass@1_vs_target"] = paired_bootstrap_diff(passed, base[0])
             rows.append(row)
@@ -189,7 +197,7 @@ def plot(rows: list[dict], out: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, name, key, label in ((axes[0], "humaneval", "pass@1", "HumanEval pass@1"),
                                  (axes[1], "chat", "ppl", "chat: perplexity under the target")):
-        sel = [r for r in rows if r["set"] == name and key in r
+        sel = [r for r in rows if r["set"] == name and r.get(key) is not None
                and r["tokens_per_pass"] is not None]
         for r in sel:
             v = r[key]
@@ -225,6 +233,8 @@ def main(argv=None) -> None:
     ap.add_argument("--dtype", default=None, help="the real pair's (default: by the CPU)")
     ap.add_argument("--out", type=Path, default=RESULTS / "rules-quality")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--no-score", action="store_true",
+                    help="generate (and check HumanEval) only; a later run scores perplexity")
     args = ap.parse_args(argv)
     args.kv_bytes = int(args.kv_gib * (1 << 30))
     if args.dtype is None:
@@ -239,7 +249,8 @@ def main(argv=None) -> None:
         chosen = [c for c in configs if not args.only or c["name"] in args.only]
         t0 = time.perf_counter()
         generate(args, target, draft, tiny, sets, chosen, records)
-        perplexities(args, target, tiny, sets, records, scores)
+        if not args.no_score:
+            perplexities(args, target, tiny, sets, records, scores)
         print(f"rules quality run: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     rows, table = summarise(configs, sets, records, scores)
     payload = {"rows": rows, "args": {k: str(v) for k, v in vars(args).items()},

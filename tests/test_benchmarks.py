@@ -425,14 +425,21 @@ def test_acceptance_table_on_tiny_pair_resumes_and_reports(tmp_path):
 @pytest.mark.system
 def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
     """benchmarks.rules_quality end to end at T=0 and T=1: a checked HumanEval record and a
-    perplexity for every (configuration, prompt), FLy at both temperatures, each run's engine
+    perplexity for every (configuration, prompt) (scored by a second run after --no-score),
+    FLy at both temperatures, each run's engine
     counters equal to its requests' metrics, a rerun that adds nothing, and rows paired against
     the target alone."""
     out = tmp_path / "out"
     common = ["benchmarks.rules_quality", "--tiny", "--problems", "2", "--chat", "2",
               "--max-tokens", "10", "--chat-tokens", "10", "--gammas", "3", "--widths", "1,2",
               "--temperatures", "0,1", "--batch", "2", "--out", str(out)]
-    run_module(common, tmp_path)
+    run_module(common + ["--no-score"], tmp_path)  # generated and checked, not scored
+    assert not (out / "scores.jsonl").exists()
+    rows = json.loads((out / "rules_quality.json").read_text())["rows"]
+    assert len(rows) == 16 and all(r["ppl"] is None and "ppl_vs_target" not in r for r in rows)
+    assert all("pass@1_vs_target" in r for r in rows
+               if r["set"] == "humaneval" and not r["config"].startswith("target"))
+    run_module(common, tmp_path)  # scores what the first run generated
     records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
     configs = {f"{c} T{t}" for t in (0, 1) for c in ("target", "fly g3", "mtad w1 g3",
                                                      "mtad w2 g3")}
