@@ -248,11 +248,16 @@ def summarise(path: Path, args) -> tuple[dict, str]:
         while len(hist) > 1 and hist[-1] == 0:
             hist.pop()
         total = max(sum(hist), 1)
+        # per prompt only where every prompt drafted (the adaptive policy may not draft at
+        # all: its steps without a draft are in tokens_per_any_pass below)
+        per_prompt = all(r["steps"] > 0 for r in records)
         m = rows[f"{config} | {name}"] = dict(
-            pooled=tokens_per_pass(records),
-            mean=bootstrap_mean([tokens_per_pass([r]) for r in records]),
-            vs_sd=None if sd is records else _paired(records, sd),
-            vs_fly=None if same.get("fly") is records else _paired(records, same.get("fly")),
+            pooled=tokens_per_pass(records) if any(r["steps"] for r in records) else None,
+            mean=bootstrap_mean([tokens_per_pass([r]) for r in records]) if per_prompt
+            else None,
+            vs_sd=None if sd is records or not per_prompt else _paired(records, sd),
+            vs_fly=None if same.get("fly") is records or not per_prompt
+            else _paired(records, same.get("fly")),
             distribution=[round(n / total, 3) for n in hist],
             narrowed_rows=max(r.get("narrowed_rows", 0) for r in records))
         if "policy_chosen" in records[0]:  # the same counts, the run's, in each record
@@ -261,8 +266,11 @@ def summarise(path: Path, args) -> tuple[dict, str]:
             # (a pass yields 1 + its accepted tokens; the prompt's pass counts as one)
             m["tokens_per_any_pass"] = sum(r["tokens"] for r in records) / max(
                 sum(r["tokens"] - r["accepted"] for r in records), 1)
-        table.append(f"| {config} | {name} ({len(records)}) | {m['pooled']:.2f} | "
-                     f"{m['mean'][0]:.2f} [{m['mean'][1]:.2f}, {m['mean'][2]:.2f}] | "
+        pooled, mean = m["pooled"], m["mean"]
+        table.append(f"| {config} | {name} ({len(records)}) | "
+                     f"{'–' if pooled is None else f'{pooled:.2f}'} | "
+                     + ("–" if mean is None else
+                        f"{mean[0]:.2f} [{mean[1]:.2f}, {mean[2]:.2f}]") + " | "
                      f"{_cell(m['vs_sd'])} | {_cell(m['vs_fly'])} | "
                      f"{' '.join(f'{x:.2f}' for x in m['distribution'])} |")
     chosen = [f"- {key.replace(' | ', ' on ')}: "
@@ -282,7 +290,7 @@ def plot(payload: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(payload["rows"])
+    names = [n for n, m in payload["rows"].items() if m["pooled"] is not None]
     values = [payload["rows"][n]["pooled"] for n in names]
     fig, ax = plt.subplots(figsize=(8, 0.3 * len(names) + 1.5))
     ax.barh(range(len(names)), values)
