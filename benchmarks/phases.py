@@ -90,6 +90,8 @@ def step_main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--width", type=int, default=4,
+                    help="MTAD's beams (1: the same forwards as vLLM SD's)")
     ap.add_argument("--mtad-first", action="store_true",
                     help="build the MTAD engine first (does the build order matter?)")
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
@@ -107,7 +109,8 @@ def step_main(argv=None) -> None:
                   enable_prefix_caching=False)  # repeats reuse their prompts
     sd_extra = {"draft_sample_method": "greedy"} if mode else {}
     specs = {"vllm_sd": draft_model_spec(draft, args.gamma, **sd_extra),
-             "mtad": mtad_spec(draft, gamma=args.gamma, greedy_acceptance=mode)}
+             "mtad": mtad_spec(draft, gamma=args.gamma, width=args.width,
+                               greedy_acceptance=mode)}
     order = ["mtad", "vllm_sd"] if args.mtad_first else ["vllm_sd", "mtad"]
     engines = {name: build_llm(target, specs[name], **common) for name in order}
     prompts = humaneval_prompts(2 * args.prompts)
