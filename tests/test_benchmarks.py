@@ -426,9 +426,8 @@ def test_acceptance_table_on_tiny_pair_resumes_and_reports(tmp_path):
 def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
     """benchmarks.rules_quality end to end at T=0 and T=1: a checked HumanEval record and a
     perplexity for every (configuration, prompt) (scored by a second run after --no-score),
-    FLy at both temperatures, each run's engine
-    counters equal to its requests' metrics, a rerun that adds nothing, and rows paired against
-    the target alone."""
+    FLy at both temperatures, each run's engine counters equal to its requests' metrics, a
+    rerun that adds nothing, and rows paired against the target alone."""
     out = tmp_path / "out"
     common = ["benchmarks.rules_quality", "--tiny", "--problems", "2", "--chat", "2",
               "--max-tokens", "10", "--chat-tokens", "10", "--gammas", "3", "--widths", "1,2",
