@@ -166,11 +166,13 @@ def cpu_model_check(rows: list[dict]) -> dict:
 
 def gpu_projection(acceptance: dict, batches=(1, 16)) -> list[dict]:
     """Projected speedup over vLLM SD at the same γ (and T=0 prompt set), per rule and draft
-    fraction, from the measured tokens per pass (mean over the prompt sets)."""
+    fraction, from the measured tokens per pass (mean over the prompt sets). Rows of the
+    fixed (W, γ) configurations only: the adaptive policy's chooses its own."""
     tpp: dict = {}
     for key, row in acceptance["rows"].items():
         config = key.split(" | ")[0]
-        tpp.setdefault(config, []).append(row["pooled"])
+        if "policy_chosen" not in row:
+            tpp.setdefault(config, []).append(row["pooled"])
     out = []
     for config, values in tpp.items():
         parts = config.split(" ")
