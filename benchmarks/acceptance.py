@@ -146,10 +146,6 @@ def drafter_counters(llm) -> dict:
     return llm.collective_rpc(drafter_stats)[0]
 
 
-def narrowed_rows(llm) -> int:
-    return int(drafter_counters(llm).get("narrowed_rows", 0))
-
-
 def chosen_since(before: dict, after: dict) -> dict:
     """The policy's chosen arms ("W{w}_g{g}" -> steps) between two drafter_stats()."""
     old = before.get("policy_chosen", {})
@@ -182,7 +178,7 @@ def run(args) -> Path:
                     llm.generate(sets[name], sampling_params(config, len(sets[name]),
                                                              args.max_tokens, seed=5000),
                                  use_tqdm=False)
-                before = drafter_counters(llm) if engine != "target" else {}
+                before = drafter_counters(llm) if config.get("adaptive") else {}
                 records = run_config(llm, config, sets[name], args.max_tokens)
                 extra = {}
                 if engine.startswith("mtad"):
