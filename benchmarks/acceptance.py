@@ -33,16 +33,14 @@ pass, the per-prompt mean with a bootstrap interval, the paired difference again
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 from pathlib import Path
 
 from benchmarks.lib.prompts import PAPER, chat_prompts, humaneval_prompts
 from benchmarks.lib.report import RESULTS, code_version, environment, write_outputs
 from benchmarks.lib.runner import per_request_acceptance
 from benchmarks.lib.stats import bootstrap_mean, paired_bootstrap_diff
-from devtools.models import add_model_args, resolve_pair
+from devtools.models import grid_parser, parse_grid, resolve_pair
 
 
 def configurations(temperatures, gammas, widths, adaptive: bool = False) -> list[dict]:
@@ -298,27 +296,15 @@ def plot(payload: dict, out: Path) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(ap)
-    ap.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")],
-                    default=[0.0, 1.0])
-    ap.add_argument("--gammas", type=lambda s: [int(x) for x in s.split(",")], default=[4, 8])
-    ap.add_argument("--widths", type=lambda s: [int(x) for x in s.split(",")],
-                    default=[1, 4, 8])
+    ap = grid_parser(__doc__, temperatures=[0.0, 1.0], widths=[1, 4, 8])
     ap.add_argument("--prompts", default="humaneval:16,chat:16")
     ap.add_argument("--adaptive", action="store_true",
                     help="also MTAD with the adaptive policy, bounded by the largest W and γ")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--dtype", default=None, help="the real pair's (default: by the CPU)")
     ap.add_argument("--out", type=Path, default=RESULTS / "acceptance")
     ap.add_argument("--report-only", action="store_true")
-    args = ap.parse_args(argv)
-    if args.dtype is None:
-        from devtools.engine import default_dtype
-
-        args.dtype = default_dtype()
+    args = parse_grid(ap, argv)
     path = args.out / "records.jsonl" if args.report_only else run(args)
     payload, table = summarise(path, args)
     write_outputs("acceptance", payload, table, args.out)

@@ -28,7 +28,6 @@ intervals over prompts, and paired bootstrap differences against the target at t
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -43,7 +42,7 @@ from benchmarks.lib.report import RESULTS, code_version, environment, write_outp
 from benchmarks.lib.stats import bootstrap_mean, paired_bootstrap_diff
 from benchmarks.quality import Store, score
 from devtools.engine import close
-from devtools.models import add_model_args, resolve_pair
+from devtools.models import grid_parser, parse_grid, resolve_pair
 
 
 def rule_configs(temperatures, gammas, widths) -> list[dict]:
@@ -214,14 +213,7 @@ def plot(rows: list[dict], out: Path) -> None:
 def main(argv=None) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(ap)
-    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
-    ap.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")],
-                    default=[0.0])
-    ap.add_argument("--gammas", type=ints, default=[4, 8])
-    ap.add_argument("--widths", type=ints, default=[1, 4])
+    ap = grid_parser(__doc__, temperatures=[0.0])
     ap.add_argument("--problems", type=int, default=164, help="the first N HumanEval problems")
     ap.add_argument("--chat", type=int, default=29, help="chat prompts (0: none)")
     ap.add_argument("--max-tokens", type=int, default=512)
@@ -230,17 +222,12 @@ def main(argv=None) -> None:
     ap.add_argument("--chunk", type=int, default=32, help="outputs per perplexity call")
     ap.add_argument("--kv-gib", type=float, default=2.0)
     ap.add_argument("--only", nargs="+", help="configuration names to run first (and only)")
-    ap.add_argument("--dtype", default=None, help="the real pair's (default: by the CPU)")
     ap.add_argument("--out", type=Path, default=RESULTS / "rules-quality")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--no-score", action="store_true",
                     help="generate (and check HumanEval) only; a later run scores perplexity")
-    args = ap.parse_args(argv)
+    args = parse_grid(ap, argv)
     args.kv_bytes = int(args.kv_gib * (1 << 30))
-    if args.dtype is None:
-        from devtools.engine import default_dtype
-
-        args.dtype = default_dtype()
     configs = rule_configs(args.temperatures, args.gammas, args.widths)
     sets = prompt_sets(args.problems, args.chat)
     records, scores = Store(args.out / "records.jsonl"), Store(args.out / "scores.jsonl")

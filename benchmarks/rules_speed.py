@@ -25,7 +25,6 @@ reproduce within their spread. The GPU projection applies the stated GPU model
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -34,14 +33,13 @@ from pathlib import Path
 
 from benchmarks.acceptance import build, configurations, prepare, sampling_params
 from benchmarks.lib.engines import select_everywhere, selection_counts
-from benchmarks.lib.projection import (fit_linear_costs, gpu_costs, step_seconds,
-                                       tokens_per_second)
+from benchmarks.lib.projection import fit_linear_costs, gpu_costs, tokens_per_second
 from benchmarks.lib.prompts import HALF, humaneval_prompts
 from benchmarks.lib.report import RESULTS, code_version, environment, write_outputs
 from benchmarks.lib.runner import generate_in_batches, per_request_acceptance
 from benchmarks.lib.stats import summary
 from devtools.engine import close
-from devtools.models import add_model_args, resolve_pair
+from devtools.models import grid_parser, number_list, parse_grid, resolve_pair
 
 FRACTIONS = (0.05, 0.1, 0.2, 0.3)  # the GPU draft forward, as a fraction of a target pass
 
@@ -229,27 +227,17 @@ def markdown(rows, check, projection) -> str:
 def main(argv=None) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(ap)
-    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
-    ap.add_argument("--batches", type=ints, default=[1, 4])
-    ap.add_argument("--gammas", type=ints, default=[4, 8])
-    ap.add_argument("--widths", type=ints, default=[1, 4])
+    ap = grid_parser(__doc__)
+    ap.add_argument("--batches", type=number_list(), default=[1, 4])
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--min-prompts", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--dtype", default=None, help="the real pair's (default: by the CPU)")
     ap.add_argument("--acceptance", type=Path,
                     default=Path("benchmarks/reports/acceptance-cpu/acceptance.json"))
     ap.add_argument("--out", type=Path, default=RESULTS / "rules-speed")
     ap.add_argument("--report-only", action="store_true")
-    args = ap.parse_args(argv)
+    args = parse_grid(ap, argv)
     args.batch = max(args.batches)
-    if args.dtype is None:
-        from devtools.engine import default_dtype
-
-        args.dtype = default_dtype()
     path = args.out / "runs.json"
     if args.report_only:
         runs = json.loads(path.read_text())["runs"]

@@ -37,13 +37,14 @@ def _worker(repeats: int, max_tokens: int, policy: str) -> None:
     from vllm.inputs import TokensPrompt
 
     from devtools.engine import build_llm, close, mtad_spec
-    from devtools.tiny_models import build_tiny_pair
+    from devtools.tiny_models import TinyPairSpec, build_tiny_pair
 
     where = str(Path(vllm_mtad.__file__).parent)
     with tempfile.TemporaryDirectory() as tmp:
         target, draft = build_tiny_pair(tmp)
         llm = build_llm(target, mtad_spec(draft, gamma=4, width=4, speculation_policy=policy),
-                        kv_cache_bytes=65536 * 7 * 2 * 2 * 32 * 4, enforce_eager=True,
+                        kv_cache_bytes=65536 * TinyPairSpec().kv_bytes_per_token(),
+                        enforce_eager=True,
                         enable_prefix_caching=False)
         try:
             def run(batch, temperature):

@@ -198,6 +198,36 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", help="a local draft model directory sharing the tokenizer")
 
 
+def number_list(kind=int):
+    """An argparse type: "4,8" -> [4, 8] (``kind`` converts each)."""
+    return lambda text: [kind(x) for x in text.split(",")]
+
+
+def grid_parser(doc: str, temperatures=None, gammas=(4, 8), widths=(1, 4)):
+    """The parser the acceptance-rule benchmarks share: the model options, ``--dtype``, and the
+    grid's ``--gammas`` and ``--widths`` (and ``--temperatures`` when a default is given) as
+    comma-separated lists. Read it with :func:`parse_grid`."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(parser)
+    parser.add_argument("--dtype", default=None, help="the real pair's (default: by the CPU)")
+    if temperatures is not None:
+        parser.add_argument("--temperatures", type=number_list(float), default=list(temperatures))
+    parser.add_argument("--gammas", type=number_list(), default=list(gammas))
+    parser.add_argument("--widths", type=number_list(), default=list(widths))
+    return parser
+
+
+def parse_grid(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """``parser.parse_args(argv)`` with ``--dtype`` filled in by the CPU when not given."""
+    args = parser.parse_args(argv)
+    if args.dtype is None:
+        from devtools.engine import default_dtype
+
+        args.dtype = default_dtype()
+    return args
+
+
 def resolve_pair(args) -> tuple[str, str, bool]:
     """(target_dir, draft_dir, is_tiny) from add_model_args' options; fetches the real pair
     on first use when neither --tiny nor --target/--draft is given."""

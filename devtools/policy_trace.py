@@ -157,7 +157,7 @@ def record(out: str) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the policy in this process
 
     from devtools.engine import build_llm, close, mtad_spec
-    from devtools.tiny_models import build_tiny_pair
+    from devtools.tiny_models import TinyPairSpec, build_tiny_pair
 
     with tempfile.TemporaryDirectory() as tmp, recording(out):
         target, draft = build_tiny_pair(tmp)
@@ -166,7 +166,8 @@ def record(out: str) -> None:
         for drafter in (target, draft):
             llm = build_llm(target, mtad_spec(drafter, gamma=4, width=4,
                                               speculation_policy="adaptive"),
-                            kv_cache_bytes=16384 * 7 * 2 * 2 * 32 * 4, enforce_eager=True,
+                            kv_cache_bytes=16384 * TinyPairSpec().kv_bytes_per_token(),
+                            enforce_eager=True,
                             enable_prefix_caching=False)
             try:
                 _workload(llm)

@@ -46,6 +46,11 @@ class TinyPairSpec:
     max_position_embeddings: int = 2048
     model_vocab_size: int | None = None  # the models' vocab_size (None: the tokenizer's size)
 
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes a token takes in the pair (target and draft layers, K and V, float32)."""
+        head_dim = self.hidden_size // self.num_heads
+        return (self.target_layers + self.draft_layers) * 2 * self.num_kv_heads * head_dim * 4
+
     def key(self) -> str:
         fields = asdict(self)
         if fields["model_vocab_size"] is None:  # keeps the keys of pairs built before the field

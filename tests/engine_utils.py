@@ -5,9 +5,11 @@ from __future__ import annotations
 from devtools.engine import (build_llm, close, counters_delta, mtad_spec,  # noqa: F401
                              spec_counters)  # (re-exported)
 
+from devtools.tiny_models import TinyPairSpec
+
 # Per-token KV bytes of the tiny pair: (4 target + 3 draft layers) x (K, V) x 2 KV heads x 32
 # head dims x 4 bytes.
-TINY_KV_BYTES_PER_TOKEN = 7 * 2 * 2 * 32 * 4
+TINY_KV_BYTES_PER_TOKEN = TinyPairSpec().kv_bytes_per_token()
 
 
 # In-process engines built in this test process (tests/conftest.py prints the count), and the
