@@ -184,7 +184,30 @@ def summarise(configs, sets, records: Store, scores: Store) -> tuple[list[dict],
                 f"{cell(row.get('pass@1'))} | {cell(row.get('pass@1_vs_target'), '{:+.3f}')} | "
                 f"{cell(row['ppl'])} | {cell(row.get('ppl_vs_target'), '{:+.3f}')} | "
                 f"{row['hit_max_tokens']} |")
-    return rows, "\n".join(lines)
+    return rows, "\n".join(lines + against_fly(rows, per))
+
+
+def against_fly(rows: list[dict], per: dict) -> list[str]:
+    """MTAD's rows paired against FLy's on the same prompts, γ and T (the lossy peer, issue
+    46): Δ pass@1 and Δ perplexity, MTAD − FLy, added to ``rows``; the lines of their table."""
+    lines = ["", "MTAD against FLy at the same γ and T, paired (MTAD − FLy):", "",
+             "| configuration | prompts | Δ pass@1, paired | Δ PPL, paired |",
+             "|---|---|---|---|"]
+    for row in rows:
+        name, cut = row["config"], row["config"].split()
+        if cut[0] != "mtad" or (f"fly {cut[2]} {cut[3]}", row["set"]) not in per:
+            continue
+        (passed, ppl), (fly_passed, fly_ppl) = per[(name, row["set"])], per[
+            (f"fly {cut[2]} {cut[3]}", row["set"])]
+        if passed is not None:
+            row["pass@1_vs_fly"] = paired_bootstrap_diff(passed, fly_passed)
+        if ppl is not None and fly_ppl is not None and len(ppl) == len(fly_ppl):
+            row["ppl_vs_fly"] = paired_bootstrap_diff(ppl, fly_ppl)
+        cell = lambda v: (  # noqa: E731
+            "–" if v is None else f"{v[0]:+.3f} [{v[1]:+.3f}, {v[2]:+.3f}]")
+        lines.append(f"| {name} | {row['set']} ({row['prompts']}) | "
+                     f"{cell(row.get('pass@1_vs_fly'))} | {cell(row.get('ppl_vs_fly'))} |")
+    return lines
 
 
 def plot(rows: list[dict], out: Path) -> None:

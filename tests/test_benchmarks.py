@@ -464,6 +464,11 @@ def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
     assert {(r["config"], r["set"]) for r in rows} == {(c, s) for c in configs
                                                        for s in ("humaneval", "chat")}
     assert all("ppl_vs_target" in r for r in rows if not r["config"].startswith("target"))
+    # MTAD's rows paired against FLy's at the same γ and T, on the same prompts
+    vs_fly = {(r["config"], r["set"]): r for r in rows if r["config"].startswith("mtad")}
+    assert len(vs_fly) == 8 and all("ppl_vs_fly" in r for r in vs_fly.values())
+    assert all("pass@1_vs_fly" in r for (c, s), r in vs_fly.items() if s == "humaneval")
+    assert "MTAD against FLy" in (out / "rules_quality.md").read_text()
 
 
 @pytest.mark.unit
