@@ -40,7 +40,7 @@ import torch
 from benchmarks.acceptance import prompt_sets
 from benchmarks.lib.report import RESULTS, environment, write_outputs
 from benchmarks.lib.stats import bootstrap_mean
-from devtools.models import add_model_args, resolve_pair
+from devtools.models import add_model_args, number_list, resolve_pair
 
 
 class Context:
@@ -169,7 +169,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(ap)
-    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    ints = number_list()
     ap.add_argument("--widths", type=ints, default=[2, 4, 8])
     ap.add_argument("--gammas", type=ints, default=[4, 8])
     ap.add_argument("--prompts", default="humaneval:12,chat:12")

@@ -176,15 +176,19 @@ def summarise(configs, sets, records: Store, scores: Store) -> tuple[list[dict],
                 if passed is not None:
                     row["pass@1_vs_target"] = paired_bootstrap_diff(passed, base[0])
             rows.append(row)
-            cell = lambda v, f="{:.3f}": "–" if v is None else (  # noqa: E731
-                f"{f.format(v[0])} [{f.format(v[1])}, {f.format(v[2])}]")
             tpp = row["tokens_per_pass"]
             lines.append(
                 f"| {c['name']} | {name} ({len(keys)}) | {'–' if tpp is None else f'{tpp:.2f}'} | "
-                f"{cell(row.get('pass@1'))} | {cell(row.get('pass@1_vs_target'), '{:+.3f}')} | "
-                f"{cell(row['ppl'])} | {cell(row.get('ppl_vs_target'), '{:+.3f}')} | "
+                f"{interval(row.get('pass@1'))} | "
+                f"{interval(row.get('pass@1_vs_target'), '{:+.3f}')} | "
+                f"{interval(row['ppl'])} | {interval(row.get('ppl_vs_target'), '{:+.3f}')} | "
                 f"{row['hit_max_tokens']} |")
     return rows, "\n".join(lines + against_fly(rows, per))
+
+
+def interval(v, fmt: str = "{:.3f}") -> str:
+    """A (value, low, high) as "v [low, high]"; "–" for None."""
+    return "–" if v is None else f"{fmt.format(v[0])} [{fmt.format(v[1])}, {fmt.format(v[2])}]"
 
 
 def against_fly(rows: list[dict], per: dict) -> list[str]:
@@ -194,19 +198,18 @@ def against_fly(rows: list[dict], per: dict) -> list[str]:
              "| configuration | prompts | Δ pass@1, paired | Δ PPL, paired |",
              "|---|---|---|---|"]
     for row in rows:
-        name, cut = row["config"], row["config"].split()
-        if cut[0] != "mtad" or (f"fly {cut[2]} {cut[3]}", row["set"]) not in per:
+        name, cut = row["config"], row["config"].split()  # "mtad w4 g8 T0" -> "fly g8 T0"
+        fly = (f"fly {cut[2]} {cut[3]}", row["set"]) if cut[0] == "mtad" else None
+        if fly not in per:
             continue
-        (passed, ppl), (fly_passed, fly_ppl) = per[(name, row["set"])], per[
-            (f"fly {cut[2]} {cut[3]}", row["set"])]
+        (passed, ppl), (fly_passed, fly_ppl) = per[(name, row["set"])], per[fly]
         if passed is not None:
             row["pass@1_vs_fly"] = paired_bootstrap_diff(passed, fly_passed)
         if ppl is not None and fly_ppl is not None and len(ppl) == len(fly_ppl):
             row["ppl_vs_fly"] = paired_bootstrap_diff(ppl, fly_ppl)
-        cell = lambda v: (  # noqa: E731
-            "–" if v is None else f"{v[0]:+.3f} [{v[1]:+.3f}, {v[2]:+.3f}]")
         lines.append(f"| {name} | {row['set']} ({row['prompts']}) | "
-                     f"{cell(row.get('pass@1_vs_fly'))} | {cell(row.get('ppl_vs_fly'))} |")
+                     f"{interval(row.get('pass@1_vs_fly'), '{:+.3f}')} | "
+                     f"{interval(row.get('ppl_vs_fly'), '{:+.3f}')} |")
     return lines
 
 
