@@ -157,22 +157,22 @@ def summarise(configs, sets, records: Store, scores: Store) -> tuple[list[dict],
                 print(f"{c['name']} on {name}: not all outputs scored (--no-score?); no "
                       "perplexity", file=sys.stderr)
             recs = [records.rows[k] for k in keys]
-            ppl = [math.exp(scores.rows[k]["nll"] / scores.rows[k]["tokens"]) for k in spoke
-                   ] if scored else None
+            ppl = {k[1]: math.exp(scores.rows[k]["nll"] / scores.rows[k]["tokens"])
+                   for k in spoke} if scored else None  # task id -> perplexity
             passed = [float(r["passed"]) for r in recs] if name == "humaneval" else None
-            per[(c["name"], name)] = (passed, ppl)  # (ppl: outputs with tokens, in order)
+            per[(c["name"], name)] = (passed, ppl)
             base = per.get((f"target T{c['t']:g}", name))
             row = dict(config=c["name"], set=name, prompts=len(keys),
                        tokens_per_pass=run_tokens_per_pass(recs) if c["engine"] != "target"
                        else 1.0,
-                       ppl=bootstrap_mean(ppl) if scored else None,
+                       ppl=bootstrap_mean(list(ppl.values())) if scored else None,
                        hit_max_tokens=sum(r["finish_reason"] == "length" for r in recs),
                        narrowed_rows=max(r.get("narrowed_rows", 0) for r in recs))
             if passed is not None:
                 row["pass@1"] = bootstrap_mean(passed)
             if base is not None and c["engine"] != "target":
-                if scored and base[1] is not None and len(base[1]) == len(ppl):
-                    row["ppl_vs_target"] = paired_bootstrap_diff(ppl, base[1])
+                if scored and base[1] is not None:
+                    row["ppl_vs_target"] = paired_by_task(ppl, base[1])
                 if passed is not None:
                     row["pass@1_vs_target"] = paired_bootstrap_diff(passed, base[0])
             rows.append(row)
@@ -184,6 +184,14 @@ def summarise(configs, sets, records: Store, scores: Store) -> tuple[list[dict],
                 f"{interval(row['ppl'])} | {interval(row.get('ppl_vs_target'), '{:+.3f}')} | "
                 f"{row['hit_max_tokens']} |")
     return rows, "\n".join(lines + against_fly(rows, per))
+
+
+def paired_by_task(a: dict, b: dict):
+    """Paired bootstrap of a − b over the task ids both have, in a's order (an empty output
+    has no perplexity, so the two sides can differ); None where they share none."""
+    common = [t for t in a if t in b]
+    return paired_bootstrap_diff([a[t] for t in common], [b[t] for t in common]) if common \
+        else None
 
 
 def interval(v, fmt: str = "{:.3f}") -> str:
@@ -205,8 +213,8 @@ def against_fly(rows: list[dict], per: dict) -> list[str]:
         (passed, ppl), (fly_passed, fly_ppl) = per[(name, row["set"])], per[fly]
         if passed is not None:
             row["pass@1_vs_fly"] = paired_bootstrap_diff(passed, fly_passed)
-        if ppl is not None and fly_ppl is not None and len(ppl) == len(fly_ppl):
-            row["ppl_vs_fly"] = paired_bootstrap_diff(ppl, fly_ppl)
+        if ppl is not None and fly_ppl is not None:
+            row["ppl_vs_fly"] = paired_by_task(ppl, fly_ppl)
         lines.append(f"| {name} | {row['set']} ({row['prompts']}) | "
                      f"{interval(row.get('pass@1_vs_fly'), '{:+.3f}')} | "
                      f"{interval(row.get('ppl_vs_fly'), '{:+.3f}')} |")

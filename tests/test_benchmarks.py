@@ -472,6 +472,20 @@ def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
 
 
 @pytest.mark.unit
+def test_rules_quality_pairs_perplexity_by_task_id():
+    """Perplexities are paired by task id, not by position: an output without tokens on one
+    side (no perplexity) leaves its task out of the pair instead of shifting every later one."""
+    from benchmarks.rules_quality import paired_by_task
+
+    a = {"t0": 1.0, "t1": 2.0, "t2": 4.0}
+    b = {"t0": 1.5, "t2": 3.0}  # t1's output was empty
+    diff = paired_by_task(a, b)
+    assert diff[0] == pytest.approx(((1.0 - 1.5) + (4.0 - 3.0)) / 2)  # not (1-1.5, 2-3)
+    assert diff[1] <= diff[0] <= diff[2]
+    assert paired_by_task({"t0": 1.0}, {"t1": 1.0}) is None
+
+
+@pytest.mark.unit
 def test_headroom_follows_the_reference_and_any_beam_bounds_the_best(tiny_pair_dirs):
     """benchmarks.headroom's cached beam search and joint rule give devtools.reference's
     (cache-free, independent) greedy "joint" MTAD token for token, with the same accepted
