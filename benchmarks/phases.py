@@ -34,9 +34,10 @@ STEP_DOC = """Where one speculative step's time goes: vLLM's speculative decodin
     python -m benchmarks.phases step --cell "T=1" --batch 16
     python -m benchmarks.phases step --tiny --tokens 16   # a minute (tests)
 
-Two engines, in-process, built once: vLLM ``draft_model`` (greedy draft tokens at T=0,
-probabilistic at T=1) and MTAD with the fixed policy (at T=0 "exact" it drafts one beam: the
-same draft tokens as vLLM's greedy drafts, verified by the same rule). Both draft γ tokens with
+Two engines, in-process, built once (``--one-at-a-time``: built afresh every repeat, one in
+memory at a time, for a pair too large to hold twice): vLLM ``draft_model`` (greedy draft
+tokens at T=0, probabilistic at T=1) and MTAD with the fixed policy (at T=0 "exact" it drafts
+one beam: the same draft tokens as vLLM's greedy drafts, verified by the same rule). Both draft γ tokens with
 the same draft model, so at equal acceptance they should cost the same per step; this
 benchmark says where they do not. Each engine is warmed up on other prompts, then the two run
 ``--repeats`` times in alternating order, each run generating ``--tokens`` tokens (ignore_eos)
@@ -94,6 +95,10 @@ def step_main(argv=None) -> None:
                     help="MTAD's beams (1: the same forwards as vLLM SD's)")
     ap.add_argument("--mtad-first", action="store_true",
                     help="build the MTAD engine first (does the build order matter?)")
+    ap.add_argument("--one-at-a-time", action="store_true",
+                    help="one engine in memory at a time: every repeat builds, warms up, runs "
+                         "and closes each engine in turn (the real pair in float32 does not "
+                         "fit twice in 24 GiB)")
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
     args = ap.parse_args(argv)
 
@@ -112,7 +117,8 @@ def step_main(argv=None) -> None:
              "mtad": mtad_spec(draft, gamma=args.gamma, width=args.width,
                                greedy_acceptance=mode)}
     order = ["mtad", "vllm_sd"] if args.mtad_first else ["vllm_sd", "mtad"]
-    engines = {name: build_llm(target, specs[name], **common) for name in order}
+    engines = {} if args.one_at_a_time else {
+        name: build_llm(target, specs[name], **common) for name in order}
     prompts = humaneval_prompts(2 * args.prompts)
     extra = {"greedy_acceptance": mode} if mode else None
 
@@ -140,9 +146,14 @@ def step_main(argv=None) -> None:
         run(name, warm)
     runs = []
     for r in range(args.repeats):
-        for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+        for name in (order if r % 2 == 0 else order[::-1]):
+            if args.one_at_a_time:  # built afresh and warmed up for this repeat only
+                engines[name] = build_llm(target, specs[name], **common)
+                run(name, warm)
             runs.append(run(name, timed) | {"repeat": r})
             print(f"repeat {r} {name}: {runs[-1]['tok_s']:.2f} tok/s", file=sys.stderr)
+            if args.one_at_a_time:
+                close(engines.pop(name))
     for llm in engines.values():
         close(llm)
 

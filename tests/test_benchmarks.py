@@ -245,13 +245,18 @@ def test_kv_cost_beams_reserve_nothing_in_the_target_layers(tmp_path):
 
 @pytest.mark.system
 @pytest.mark.slow
-def test_phases_step_view_on_tiny_pair(tmp_path):
+@pytest.mark.parametrize("one_at_a_time", [False, True])
+def test_phases_step_view_on_tiny_pair(tmp_path, one_at_a_time):
+    """Both engines' phases per step, in alternating order; with --one-at-a-time each repeat
+    builds and closes each engine in turn (the same runs, the same order)."""
     run_module(["benchmarks.phases", "step", "--tiny", "--tokens", "12", "--repeats", "2",
-                "--out", str(tmp_path / "out")], tmp_path)
+                "--out", str(tmp_path / "out")] + ["--one-at-a-time"] * one_at_a_time,
+               tmp_path)
     data = json.loads((tmp_path / "out" / "step_phases.json").read_text())
     assert data["environment"]["cpu_model"] and data["built"] == ["vllm_sd", "mtad"]
     runs = data["runs"]
     assert len(runs) == 4 and all(r["tokens"] == 12 * 4 for r in runs)
+    assert [r["engine"] for r in runs] == ["vllm_sd", "mtad", "mtad", "vllm_sd"]
     # At T=0 "exact" MTAD drafts vLLM's greedy chain with one beam: the same drafts, verified
     # by the same rule, so the same number of steps (the phases are compared per step).
     assert len({r["steps"] for r in runs}) == 1
