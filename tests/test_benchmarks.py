@@ -586,8 +586,8 @@ def test_gpu_projection_prices_beams_free_until_the_bound():
 @pytest.mark.system
 def test_rules_speed_on_tiny_pair(tmp_path):
     """benchmarks.rules_speed end to end: every configuration timed on equal samplers (no
-    sampling call fell back to vLLM's sort), ratios against vLLM SD, the CPU model's check and
-    the GPU projection from an acceptance report."""
+    sampling call fell back to vLLM's sort), decoding timed apart from the prefill, ratios
+    against vLLM SD, the CPU model's check and the GPU projection from an acceptance report."""
     out = tmp_path / "out"
     acceptance = ROOT / "benchmarks/reports/acceptance-cpu/acceptance.json"
     run_module(["benchmarks.rules_speed", "--tiny", "--batches", "1", "--tokens", "4",
@@ -598,6 +598,11 @@ def test_rules_speed_on_tiny_pair(tmp_path):
     assert {"target T0", "vllm_sd_greedy g2 T0", "fly g3 T0", "mtad w2 g3 T0", "vllm_sd g2 T1",
             "fly g2 T1", "mtad w2 g2 T1"} <= names
     assert all(r["tok_s"]["median"] > 0 and r["sampler_fallbacks"] == 0 for r in data["rows"])
-    assert all(r["vs_sd"] is not None for r in data["rows"] if r["engine"] == "mtad")
+    assert all(r["vs_sd"] is not None and r["vs_sd_whole_run"] is not None
+               for r in data["rows"] if r["engine"] == "mtad")
+    # decoding alone: the engine's timestamps from each batch's prefill step to its last token
+    for r in json.loads((out / "runs.json").read_text())["runs"]:
+        assert 0 < r["decode_s"] < r["seconds"] and r["decode_tokens"] == r["tokens"] - 1
+        assert r["engine_steps"] == r["decode_steps"] + 1 and r["decode_steps"] > 0
     assert len(data["cpu_model"]["ratios"]) == sum(r["engine"] == "mtad" for r in data["rows"])
     assert any(p["config"] == "mtad w4 g8 T0" for p in data["gpu_projection"])
