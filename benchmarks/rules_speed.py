@@ -62,9 +62,9 @@ def time_run(llm, config: dict, prompts: list[str], batch: int, tokens: int, see
 
     Decoding alone: per closed batch, from the engine's timestamp of the batch's last first
     token (its prefill step, which also drafts) to its last token, and the tokens after each
-    request's first. A short run is mostly prefill (fitted on this CPU's 24-token runs: 14 s
-    of a 21 s run at batch 4), which is the same for every engine and pulls every ratio
-    towards 1; the decode-only figures compare the steps the rules differ in."""
+    request's first. A short run is mostly prefill (rules-speed-cpu/README.md measures how
+    much), which is the same for every engine and pulls every ratio towards 1; the decoding
+    figures compare the steps the rules differ in."""
     prepare(llm, config)
     params = sampling_params(config, len(prompts), tokens, ignore_eos=True, seed=seed)
     before = selection_counts(llm)
