@@ -25,7 +25,7 @@ from benchmarks.lib.prompts import GREEDY, PAPER, humaneval_prompts  # noqa: E40
 from benchmarks.lib.report import environment, markdown_table, write_outputs  # noqa: E402
 from benchmarks.lib.runner import generate_in_batches, run_view  # noqa: E402
 from devtools.engine import (build_llm, close, default_dtype, draft_model_spec,  # noqa: E402
-                             mtad_spec)
+                             mtad_spec, release_memory)
 from devtools.models import add_model_args, resolve_pair  # noqa: E402
 
 STEP_DOC = """Where one speculative step's time goes: vLLM's speculative decoding against MTAD, per phase.
@@ -119,6 +119,7 @@ def step_main(argv=None) -> None:
     order = ["mtad", "vllm_sd"] if args.mtad_first else ["vllm_sd", "mtad"]
     engines = {} if args.one_at_a_time else {
         name: build_llm(target, specs[name], **common) for name in order}
+    built = [] if args.one_at_a_time else list(order)  # every build, in order
     prompts = humaneval_prompts(2 * args.prompts)
     extra = {"greedy_acceptance": mode} if mode else None
 
@@ -149,11 +150,13 @@ def step_main(argv=None) -> None:
         for name in (order if r % 2 == 0 else order[::-1]):
             if args.one_at_a_time:  # built afresh and warmed up for this repeat only
                 engines[name] = build_llm(target, specs[name], **common)
+                built.append(name)
                 run(name, warm)
             runs.append(run(name, timed) | {"repeat": r})
             print(f"repeat {r} {name}: {runs[-1]['tok_s']:.2f} tok/s", file=sys.stderr)
-            if args.one_at_a_time:
+            if args.one_at_a_time:  # and its memory back before the next one is built
                 close(engines.pop(name))
+                release_memory()
     for llm in engines.values():
         close(llm)
 
@@ -174,7 +177,7 @@ def step_main(argv=None) -> None:
                                       "beam_kv", "draft_other", "sampler", "step")]
     table = markdown_table(rows, cols)
     payload = {"environment": environment(), "args": vars(args), "target": str(target),
-               "draft": str(draft), "built": order, "rows": rows, "runs": runs}
+               "draft": str(draft), "built": built, "rows": rows, "runs": runs}
     out = write_outputs("step_phases", payload, table, args.out)
     print(table)
     print(f"written to {out}", file=sys.stderr)

@@ -35,12 +35,13 @@ from pathlib import Path
 
 from benchmarks.acceptance import build, configurations, prepare, sampling_params
 from benchmarks.lib.engines import select_everywhere, selection_counts
-from benchmarks.lib.projection import fit_linear_costs, gpu_costs, tokens_per_second
+from benchmarks.lib.projection import (fit_linear_costs, gpu_costs, step_seconds,
+                                       tokens_per_second)
 from benchmarks.lib.prompts import HALF, humaneval_prompts
 from benchmarks.lib.report import RESULTS, code_version, environment, write_outputs
 from benchmarks.lib.runner import generate_in_batches, per_request_acceptance
 from benchmarks.lib.stats import summary
-from devtools.engine import close
+from devtools.engine import close, release_memory
 from devtools.models import grid_parser, number_list, parse_grid, resolve_pair
 
 FRACTIONS = (0.05, 0.1, 0.2, 0.3)  # the GPU draft forward, as a fraction of a target pass
@@ -79,6 +80,10 @@ def time_run(llm, config: dict, prompts: list[str], batch: int, tokens: int, see
     decode_steps = sum(max(per_request[c]) for c in chunks)
     if any(o.metrics is None for o in outs):
         raise RuntimeError("no request metrics: build the engine with disable_log_stats=False")
+    for c in chunks:  # one prefill step a batch, else "decoding" would hold prefill steps
+        if len({o.metrics.first_token_ts for o in outs[c]}) != 1:
+            raise RuntimeError("a batch's first tokens came from different engine steps (its "
+                               "prefill was split): raise max_num_batched_tokens")
     decode_s = sum(max(o.metrics.last_token_ts for o in outs[c])
                    - max(o.metrics.first_token_ts for o in outs[c]) for c in chunks)
     fell_back = selection_counts(llm)["fallbacks"] - before["fallbacks"]
@@ -109,7 +114,7 @@ def run(args, target: str, draft: str, tiny: bool) -> list[dict]:
                         mine = [c for c in configs if c["engine"] == family]
                         order = mine if r % 2 == 0 else mine[::-1]
                         for c in order:  # untimed, on other prompts, half the tokens
-                            time_run(llm, c, warm, batch, max(args.tokens // 2, 1), 2000)
+                            time_run(llm, c, warm, batch, max(args.tokens // 2, 2), 2000)
                             bar.update(1)
                         for c in order:
                             runs.append(time_run(llm, c, timed, batch, args.tokens, 0)
@@ -117,6 +122,8 @@ def run(args, target: str, draft: str, tiny: bool) -> list[dict]:
                             bar.update(1)
                 finally:
                     close(llm)
+                    del llm
+                    release_memory()
     return runs
 
 
@@ -145,6 +152,8 @@ def summarise(runs: list[dict], configs: list[dict]) -> list[dict]:
                 batch=batch, tok_s=summary([r["decode_tok_s"] for r in mine]),
                 whole_run_tok_s=summary([r["tok_s"] for r in mine]),
                 tokens_per_pass=statistics.mean(r["tokens_per_pass"] for r in mine),
+                tokens_per_step=statistics.mean(r["decode_tokens"] / r["decode_steps"] / batch
+                                                for r in mine),
                 step_s=statistics.median(r["decode_s"] / r["decode_steps"] for r in mine),
                 vs_sd=vs["decode_tok_s"], vs_sd_whole_run=vs["tok_s"],
                 sd=sd_name, sampler_fallbacks=sum(r["sampler_fallbacks"] for r in mine)))
@@ -153,9 +162,14 @@ def summarise(runs: list[dict], configs: list[dict]) -> list[dict]:
 
 def cpu_model_check(rows: list[dict]) -> dict:
     """Fit the cost lines to the MTAD engine's rows (FLy and MTAD: seconds per engine step),
-    predict every vLLM SD row's tok/s from its tokens per pass, and every MTAD-engine row's
-    ratio against SD from the predictions; say whether each measured ratio's [min, max] holds
-    the prediction."""
+    predict every vLLM SD row's tok/s from its tokens per decoding step, and every MTAD-engine
+    row's ratio against SD from the predictions; say whether each measured ratio's [min, max]
+    holds the prediction.
+
+    Tokens per decoding step, not the mean tokens per pass: a short run's last step is cut at
+    ``--tokens`` and a batch takes as many steps as its slowest request, so a run of 31 decoded
+    tokens at 7.8 tokens per pass takes 5 steps, one at 6.1 takes 6 (not 7.8/6.1 = 1.28x);
+    the tokens per step are what the run made of its steps, on any machine."""
     mtad = [r for r in rows if r["engine"] == "mtad"]
     costs = fit_linear_costs([(r["batch"], r["w"], r["g"], r["step_s"]) for r in mtad])
     predicted = {}
@@ -163,7 +177,7 @@ def cpu_model_check(rows: list[dict]) -> dict:
         if r["engine"] == "target":
             continue
         predicted[(r["config"], r["batch"])] = tokens_per_second(
-            costs, r["batch"], r["w"], r["g"], r["tokens_per_pass"])
+            costs, r["batch"], r["w"], r["g"], r.get("tokens_per_step", r["tokens_per_pass"]))
     checks = []
     for r in rows:
         if r["engine"] != "mtad" or r["vs_sd"] is None:
@@ -174,7 +188,9 @@ def cpu_model_check(rows: list[dict]) -> dict:
         checks.append(dict(config=r["config"], batch=r["batch"], measured=r["vs_sd"],
                            predicted=want, within=lo <= want <= hi))
     sd_rows = [dict(config=r["config"], batch=r["batch"], measured=r["tok_s"],
-                    predicted=predicted[(r["config"], r["batch"])])
+                    predicted=predicted[(r["config"], r["batch"])],
+                    step_s=r["step_s"], predicted_step_s=step_seconds(costs, r["batch"], r["w"],
+                                                                      r["g"]))
                for r in rows if r["engine"].startswith("vllm_sd")]
     a_t, b_t = costs.target(0), costs.target(1) - costs.target(0)
     a_d, b_d = costs.draft(0), costs.draft(1) - costs.draft(0)
@@ -217,20 +233,28 @@ def gpu_projection(acceptance: dict, batches=(1, 16)) -> list[dict]:
 def markdown(rows, check, projection) -> str:
     cell = lambda s: f"{s['median']:.2f} [{s['min']:.2f}, {s['max']:.2f}]"  # noqa: E731
     lines = ["Decoding (after each batch's prefill step); the whole run's ratio beside it:", "",
-             "| configuration | batch | decode tok/s [min, max] | tokens / pass | s / step | "
-             "vs vLLM SD, same γ and T | whole run vs vLLM SD |", "|---|---|---|---|---|---|---|"]
+             "| configuration | batch | decode tok/s [min, max] | tokens / pass | tokens / step "
+             "| s / step | vs vLLM SD, same γ and T | whole run vs vLLM SD |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['batch']} | {cell(r['tok_s'])} | "
-                     f"{r['tokens_per_pass']:.2f} | {r['step_s']:.3f} | "
+                     f"{r['tokens_per_pass']:.2f} | {r['tokens_per_step']:.2f} | "
+                     f"{r['step_s']:.3f} | "
                      f"{cell(r['vs_sd']) if r['vs_sd'] else '–'} | "
                      f"{cell(r['vs_sd_whole_run']) if r.get('vs_sd_whole_run') else '–'} |")
     lines += ["", "Cost model on this CPU (fitted to the MTAD engine's decoding steps; SD "
-              "predicted; decode ratios):", "",
+              "predicted from the same forwards; decode ratios, tokens per step):", "",
               "| configuration | batch | measured vs SD [min, max] | predicted | within |",
               "|---|---|---|---|---|"]
     for c in check["ratios"]:
         lines.append(f"| {c['config']} | {c['batch']} | {cell(c['measured'])} | "
                      f"{c['predicted']:.2f} | {'yes' if c['within'] else 'no'} |")
+    lines += ["", "vLLM SD's decoding step, measured and as the MTAD engine's costs predict it:",
+              "", "| configuration | batch | s / step measured | predicted | measured / predicted |",
+              "|---|---|---|---|---|"]
+    for sd in check["sd"]:
+        lines.append(f"| {sd['config']} | {sd['batch']} | {sd['step_s']:.3f} | "
+                     f"{sd['predicted_step_s']:.3f} | {sd['step_s'] / sd['predicted_step_s']:.2f} |")
     if projection:
         heads = [k for k in projection[0] if k.startswith("vs ")]
         lines += ["", "GPU projection (a model, not a measurement; T=0, tokens per pass "
@@ -261,6 +285,9 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "rules-speed")
     ap.add_argument("--report-only", action="store_true")
     args = parse_grid(ap, argv)
+    if args.tokens < 2:
+        ap.error(f"--tokens {args.tokens}: at least 2 (a run's first token is its prefill's; "
+                 "decoding is timed after it)")
     args.batch = max(args.batches)
     path = args.out / "runs.json"
     if args.report_only:

@@ -253,7 +253,8 @@ def test_phases_step_view_on_tiny_pair(tmp_path, one_at_a_time):
                 "--out", str(tmp_path / "out")] + ["--one-at-a-time"] * one_at_a_time,
                tmp_path)
     data = json.loads((tmp_path / "out" / "step_phases.json").read_text())
-    assert data["environment"]["cpu_model"] and data["built"] == ["vllm_sd", "mtad"]
+    built = ["vllm_sd", "mtad", "mtad", "vllm_sd"] if one_at_a_time else ["vllm_sd", "mtad"]
+    assert data["environment"]["cpu_model"] and data["built"] == built
     runs = data["runs"]
     assert len(runs) == 4 and all(r["tokens"] == 12 * 4 for r in runs)
     assert [r["engine"] for r in runs] == ["vllm_sd", "mtad", "mtad", "vllm_sd"]
@@ -468,10 +469,11 @@ def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
     rows = json.loads((out / "rules_quality.json").read_text())["rows"]
     assert {(r["config"], r["set"]) for r in rows} == {(c, s) for c in configs
                                                        for s in ("humaneval", "chat")}
-    assert all("ppl_vs_target" in r for r in rows if not r["config"].startswith("target"))
+    assert all(r["ppl_vs_target"] is not None for r in rows
+               if not r["config"].startswith("target"))
     # MTAD's rows paired against FLy's at the same γ and T, on the same prompts
     vs_fly = {(r["config"], r["set"]): r for r in rows if r["config"].startswith("mtad")}
-    assert len(vs_fly) == 8 and all("ppl_vs_fly" in r for r in vs_fly.values())
+    assert len(vs_fly) == 8 and all(r["ppl_vs_fly"] is not None for r in vs_fly.values())
     assert all("pass@1_vs_fly" in r for (c, s), r in vs_fly.items() if s == "humaneval")
     assert "MTAD against FLy" in (out / "rules_quality.md").read_text()
 
@@ -532,7 +534,8 @@ def _rows_from(costs, tpp):
                                    ("mtad w1 g8 T0", "mtad", 1, 8), ("mtad w4 g8 T0", "mtad", 4, 8)):
             speed = tokens_per_second(costs, batch, w, g, tpp[name])
             rows.append(dict(config=name, engine=engine, t=0.0, w=w, g=g, batch=batch,
-                             tokens_per_pass=tpp[name], step_s=step_seconds(costs, batch, w, g),
+                             tokens_per_pass=tpp[name], tokens_per_step=tpp[name],
+                             step_s=step_seconds(costs, batch, w, g),
                              tok_s={"median": speed}, sd=f"vllm_sd_greedy g{g} T0"))
     by = {(r["config"], r["batch"]): r["tok_s"]["median"] for r in rows}
     for r in rows:
@@ -558,6 +561,12 @@ def test_rules_speed_cost_model_check_reproduces_a_machine_made_by_the_model():
     assert len(check["ratios"]) == 12 and all(c["within"] for c in check["ratios"])
     for sd in check["sd"]:
         assert sd["predicted"] == pytest.approx(sd["measured"]["median"], rel=1e-6)
+        assert sd["step_s"] == pytest.approx(sd["predicted_step_s"], rel=1e-6)
+    # A short run's steps make fewer tokens than its mean tokens per pass (the last step cut,
+    # a batch as slow as its slowest request): the check prices the steps the run took.
+    for r in rows:
+        r["tokens_per_pass"] *= 1.2 if r["engine"] == "mtad" else 1.0
+    assert all(c["within"] for c in cpu_model_check(rows)["ratios"])
     for r in rows:  # SD 30 % slower than the model: MTAD's measured ratios 1.3x the model's
         if r["vs_sd"]:
             r["vs_sd"] = {k: v * 1.3 for k, v in r["vs_sd"].items()}
@@ -590,8 +599,8 @@ def test_rules_speed_on_tiny_pair(tmp_path):
     against vLLM SD, the CPU model's check and the GPU projection from an acceptance report."""
     out = tmp_path / "out"
     acceptance = ROOT / "benchmarks/reports/acceptance-cpu/acceptance.json"
-    run_module(["benchmarks.rules_speed", "--tiny", "--batches", "1", "--tokens", "4",
-                "--repeats", "1", "--gammas", "2,3", "--widths", "1,2", "--min-prompts", "1",
+    run_module(["benchmarks.rules_speed", "--tiny", "--batches", "2", "--tokens", "4",
+                "--repeats", "1", "--gammas", "2,3", "--widths", "1,2", "--min-prompts", "4",
                 "--acceptance", str(acceptance), "--out", str(out)], tmp_path)
     data = json.loads((out / "rules_speed.json").read_text())
     names = {r["config"] for r in data["rows"]}
@@ -601,8 +610,10 @@ def test_rules_speed_on_tiny_pair(tmp_path):
     assert all(r["vs_sd"] is not None and r["vs_sd_whole_run"] is not None
                for r in data["rows"] if r["engine"] == "mtad")
     # decoding alone: the engine's timestamps from each batch's prefill step to its last token
+    # (4 prompts, 2 a batch: 2 prefill steps, 4 first tokens)
     for r in json.loads((out / "runs.json").read_text())["runs"]:
-        assert 0 < r["decode_s"] < r["seconds"] and r["decode_tokens"] == r["tokens"] - 1
-        assert r["engine_steps"] == r["decode_steps"] + 1 and r["decode_steps"] > 0
+        assert 0 < r["decode_s"] < r["seconds"] and r["decode_tokens"] == r["tokens"] - 4
+        assert r["engine_steps"] == r["decode_steps"] + 2 and r["decode_steps"] > 0
+    assert all(0 < r["tokens_per_step"] <= r["g"] + 1 for r in data["rows"])
     assert len(data["cpu_model"]["ratios"]) == sum(r["engine"] == "mtad" for r in data["rows"])
     assert any(p["config"] == "mtad w4 g8 T0" for p in data["gpu_projection"])
