@@ -291,15 +291,21 @@ def main(argv=None) -> None:
                  "decoding is timed after it)")
     args.batch = max(args.batches)
     path = args.out / "runs.json"
-    if args.report_only:
-        runs = json.loads(path.read_text())["runs"]
+    if args.report_only:  # the machine the runs were timed on, not this one
+        saved = json.loads(path.read_text())
+        runs, env = saved["runs"], saved["environment"]
+        from devtools.engine import default_dtype  # (runs.json before it recorded the dtype)
+
+        args.dtype = saved.get("dtype") or default_dtype(env.get("cpu_flags", []))
     else:
         target, draft, tiny = resolve_pair(args)
+        args.dtype = "float32" if tiny else args.dtype  # what acceptance.build uses
         t0 = time.perf_counter()
         runs = run(args, target, draft, tiny)
         args.out.mkdir(parents=True, exist_ok=True)
+        env = environment()
         path.write_text(json.dumps({"runs": runs, "wall_s": time.perf_counter() - t0,
-                                    "environment": environment()}, indent=1))
+                                    "environment": env, "dtype": args.dtype}, indent=1))
     rows = summarise(runs, speed_configs(args.gammas, args.widths))
     check = cpu_model_check(rows)
     projection = (gpu_projection(json.loads(args.acceptance.read_text()))
@@ -307,7 +313,7 @@ def main(argv=None) -> None:
     table = markdown(rows, check, projection)
     write_outputs("rules_speed", {"rows": rows, "cpu_model": check, "gpu_projection": projection,
                                   "args": {k: str(v) for k, v in vars(args).items()},
-                                  "environment": environment(), "code_version": code_version()},
+                                  "environment": env, "code_version": code_version()},
                   table, args.out)
     print(table)
 

@@ -615,5 +615,12 @@ def test_rules_speed_on_tiny_pair(tmp_path):
         assert 0 < r["decode_s"] < r["seconds"] and r["decode_tokens"] == r["tokens"] - 4
         assert r["engine_steps"] == r["decode_steps"] + 2 and r["decode_steps"] > 0
     assert all(0 < r["tokens_per_step"] <= r["g"] + 1 for r in data["rows"])
+    # --report-only rewrites the tables with the machine and dtype the runs were timed with
+    saved = json.loads((out / "runs.json").read_text())
+    run_module(["benchmarks.rules_speed", "--report-only", "--gammas", "2,3", "--widths", "1,2",
+                "--acceptance", str(acceptance), "--out", str(out)], tmp_path)
+    again = json.loads((out / "rules_speed.json").read_text())
+    assert again["environment"] == saved["environment"] and saved["dtype"] == "float32"
+    assert again["rows"] == data["rows"]
     assert len(data["cpu_model"]["ratios"]) == sum(r["engine"] == "mtad" for r in data["rows"])
     assert any(p["config"] == "mtad w4 g8 T0" for p in data["gpu_projection"])
