@@ -12,16 +12,16 @@ SD's probabilistic drafts. Every engine draws top-k/top-p by the same k-selectio
 samplers, benchmarks.lib.engines.select_everywhere). Method: for each repeat, the engine
 families in turn (order reversed every other repeat), each built afresh, warmed up on other
 prompts at every (cell, batch), then its configurations timed; a run generates ``--tokens``
-tokens (ignore_eos) for max(batch, ``--min-prompts``) HumanEval prompts, ``batch`` at a time.
-Reported: median tok/s [min, max] over repeats while decoding (from the engine's timestamps,
-after each batch's prefill step), tokens per target pass, and the ratios against vLLM SD at the
-same γ and cell, decoding and whole run (the prefill, the same for every engine, is most of a
-short run).
+tokens (ignore_eos) for ``--min-prompts`` HumanEval prompts (rounded up to whole batches),
+``batch`` at a time. Reported: median tok/s [min, max] over repeats while decoding (from the
+engine's timestamps, after each batch's prefill step), tokens per target pass and per decoding
+step, and the ratios against vLLM SD at the same γ and cell, decoding and whole run (the
+prefill, the same for every engine, is a third to a half of a 32-token run).
 
 The cost model (benchmarks/lib/projection.py) is fitted to the MTAD engine's runs (seconds per
 decoding step against B, W, γ) and then predicts vLLM SD's tok/s at every (cell, batch, γ) from
-SD's measured tokens per pass: an out-of-sample check on another engine, whose ratios it must
-reproduce within their spread. The GPU projection applies the stated GPU model
+SD's measured tokens per decoding step: an out-of-sample check on another engine, whose ratios
+it must reproduce within their spread. The GPU projection applies the stated GPU model
 (projection.gpu_costs) to the tokens per pass of --acceptance (benchmarks.acceptance's JSON).
 """
 
@@ -38,13 +38,20 @@ from benchmarks.lib.engines import select_everywhere, selection_counts
 from benchmarks.lib.projection import (fit_linear_costs, gpu_costs, step_seconds,
                                        tokens_per_second)
 from benchmarks.lib.prompts import HALF, humaneval_prompts
-from benchmarks.lib.report import RESULTS, code_version, environment, write_outputs
+from benchmarks.lib.report import RESULTS, code_commit, code_version, environment, write_outputs
 from benchmarks.lib.runner import generate_in_batches, per_request_acceptance
 from benchmarks.lib.stats import summary
 from devtools.engine import close, release_memory
 from devtools.models import grid_parser, number_list, parse_grid, resolve_pair
 
 FRACTIONS = (0.05, 0.1, 0.2, 0.3)  # the GPU draft forward, as a fraction of a target pass
+
+
+def timed_code_version() -> str:
+    """The hash of the code behind the numbers, this program and acceptance's engines with it."""
+    return code_version(("vllm_mtad", "patches", "devtools/engine.py", "devtools/models.py",
+                         "setup.py", "benchmarks/lib", "benchmarks/acceptance.py",
+                         "benchmarks/rules_speed.py"))
 
 
 def speed_configs(gammas: list[int], widths: list[int]) -> list[dict]:
@@ -78,20 +85,27 @@ def time_run(llm, config: dict, prompts: list[str], batch: int, tokens: int, see
     per_request = steps if any(steps) else [n - 1 for n in lengths]
     chunks = [slice(i, i + batch) for i in range(0, len(outs), batch)]
     decode_steps = sum(max(per_request[c]) for c in chunks)
-    if any(o.metrics is None for o in outs):
-        raise RuntimeError("no request metrics: build the engine with disable_log_stats=False")
-    for c in chunks:  # one prefill step a batch, else "decoding" would hold prefill steps
-        if len({o.metrics.first_token_ts for o in outs[c]}) != 1:
-            raise RuntimeError("a batch's first tokens came from different engine steps (its "
-                               "prefill was split): raise max_num_batched_tokens")
-    decode_s = sum(max(o.metrics.last_token_ts for o in outs[c])
-                   - max(o.metrics.first_token_ts for o in outs[c]) for c in chunks)
+    decode_s = decoding_seconds(outs, chunks)
     fell_back = selection_counts(llm)["fallbacks"] - before["fallbacks"]
     return dict(tokens=sum(lengths), seconds=seconds, tok_s=sum(lengths) / seconds,
                 decode_tokens=sum(lengths) - len(outs), decode_s=decode_s,
                 decode_tok_s=(sum(lengths) - len(outs)) / decode_s, decode_steps=decode_steps,
                 tokens_per_pass=(sum(accepted) + sum(steps)) / sum(steps) if sum(steps) else 1.0,
                 engine_steps=decode_steps + len(chunks), sampler_fallbacks=fell_back)
+
+
+def decoding_seconds(outs, chunks: list[slice]) -> float:
+    """Per closed batch, the engine's timestamps from its prefill step (the step that gave every
+    request its first token) to its last token, summed. Refused where a batch's first tokens
+    came from different steps (a split prefill), whose later steps would count as decoding."""
+    if any(o.metrics is None for o in outs):
+        raise RuntimeError("no request metrics: build the engine with disable_log_stats=False")
+    for c in chunks:
+        if len({o.metrics.first_token_ts for o in outs[c]}) != 1:
+            raise RuntimeError("a batch's first tokens came from different engine steps (its "
+                               "prefill was split): raise max_num_batched_tokens")
+    return sum(max(o.metrics.last_token_ts for o in outs[c]) - outs[c][0].metrics.first_token_ts
+               for c in chunks)
 
 
 def run(args, target: str, draft: str, tiny: bool) -> list[dict]:
@@ -109,7 +123,7 @@ def run(args, target: str, draft: str, tiny: bool) -> list[dict]:
                 llm = build(family, args, target, draft, tiny, log_stats=True)
                 try:
                     for batch in args.batches:
-                        n = max(batch, args.min_prompts)
+                        n = -(-max(batch, args.min_prompts) // batch) * batch  # whole batches
                         timed, warm = prompts[:n], prompts[HALF:HALF + n]
                         mine = [c for c in configs if c["engine"] == family]
                         order = mine if r % 2 == 0 else mine[::-1]
@@ -294,18 +308,18 @@ def main(argv=None) -> None:
     if args.report_only:  # the machine the runs were timed on, not this one
         saved = json.loads(path.read_text())
         runs, env = saved["runs"], saved["environment"]
-        from devtools.engine import default_dtype  # (runs.json before it recorded the dtype)
-
-        args.dtype = saved.get("dtype") or default_dtype(env.get("cpu_flags", []))
+        args.dtype = saved.get("dtype")  # None: a runs.json from before it was recorded
+        version = saved.get("code_version")
     else:
         target, draft, tiny = resolve_pair(args)
         args.dtype = "float32" if tiny else args.dtype  # what acceptance.build uses
         t0 = time.perf_counter()
         runs = run(args, target, draft, tiny)
         args.out.mkdir(parents=True, exist_ok=True)
-        env = environment()
+        env, version = environment(), timed_code_version()
         path.write_text(json.dumps({"runs": runs, "wall_s": time.perf_counter() - t0,
-                                    "environment": env, "dtype": args.dtype}, indent=1))
+                                    "environment": env, "dtype": args.dtype,
+                                    "code_version": version, "commit": code_commit()}, indent=1))
     rows = summarise(runs, speed_configs(args.gammas, args.widths))
     check = cpu_model_check(rows)
     projection = (gpu_projection(json.loads(args.acceptance.read_text()))
@@ -313,7 +327,8 @@ def main(argv=None) -> None:
     table = markdown(rows, check, projection)
     write_outputs("rules_speed", {"rows": rows, "cpu_model": check, "gpu_projection": projection,
                                   "args": {k: str(v) for k, v in vars(args).items()},
-                                  "environment": env, "code_version": code_version()},
+                                  "environment": env, "code_version": version,
+                                  "report_code_version": timed_code_version()},
                   table, args.out)
     print(table)
 

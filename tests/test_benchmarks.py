@@ -615,12 +615,38 @@ def test_rules_speed_on_tiny_pair(tmp_path):
         assert 0 < r["decode_s"] < r["seconds"] and r["decode_tokens"] == r["tokens"] - 4
         assert r["engine_steps"] == r["decode_steps"] + 2 and r["decode_steps"] > 0
     assert all(0 < r["tokens_per_step"] <= r["g"] + 1 for r in data["rows"])
-    # --report-only rewrites the tables with the machine and dtype the runs were timed with
+    assert len(data["cpu_model"]["ratios"]) == sum(r["engine"] == "mtad" for r in data["rows"])
+    assert any(p["config"] == "mtad w4 g8 T0" for p in data["gpu_projection"])
+    # --report-only rewrites the tables with the machine, dtype and code the runs were timed
+    # with, not this one's: a runs.json made elsewhere (and before the dtype was recorded)
     saved = json.loads((out / "runs.json").read_text())
+    assert saved["dtype"] == "float32" and data["args"]["dtype"] == "float32"
+    assert saved["code_version"] == data["code_version"] != "unknown"
+    elsewhere = saved | {"environment": saved["environment"] | {"cpu_model": "marker"},
+                         "code_version": "0123"}
+    del elsewhere["dtype"]
+    (out / "runs.json").write_text(json.dumps(elsewhere))
     run_module(["benchmarks.rules_speed", "--report-only", "--gammas", "2,3", "--widths", "1,2",
                 "--acceptance", str(acceptance), "--out", str(out)], tmp_path)
     again = json.loads((out / "rules_speed.json").read_text())
-    assert again["environment"] == saved["environment"] and saved["dtype"] == "float32"
-    assert again["rows"] == data["rows"]
-    assert len(data["cpu_model"]["ratios"]) == sum(r["engine"] == "mtad" for r in data["rows"])
-    assert any(p["config"] == "mtad w4 g8 T0" for p in data["gpu_projection"])
+    assert again["environment"]["cpu_model"] == "marker" and again["code_version"] == "0123"
+    assert again["args"]["dtype"] == "None" and again["rows"] == data["rows"]
+
+
+@pytest.mark.unit
+def test_rules_speed_times_decoding_from_each_batchs_prefill_step():
+    """Decoding seconds: per batch, from the step that gave its first tokens to its last
+    token; a batch whose first tokens came from two steps (a split prefill) is refused."""
+    from types import SimpleNamespace
+
+    from benchmarks.rules_speed import decoding_seconds
+
+    def out(first, last):
+        return SimpleNamespace(metrics=SimpleNamespace(first_token_ts=first, last_token_ts=last))
+
+    outs = [out(1.0, 3.0), out(1.0, 4.5), out(10.0, 10.5)]
+    assert decoding_seconds(outs, [slice(0, 2), slice(2, 4)]) == pytest.approx(3.5 + 0.5)
+    with pytest.raises(RuntimeError, match="split"):
+        decoding_seconds([out(1.0, 3.0), out(1.2, 3.0)], [slice(0, 2)])
+    with pytest.raises(RuntimeError, match="metrics"):
+        decoding_seconds([SimpleNamespace(metrics=None)], [slice(0, 1)])

@@ -35,8 +35,8 @@ def test_short_soak(tiny_pair_dirs, tmp_path):
                                progress=False)
     assert soak.failures(result, memory_bound=0.15) == []
     # How many requests finish in the 70 s is the machine's speed, not a criterion (CI's 2-core
-    # machine finished 162 where this one had finished over 200): every client finishing at
-    # least one is enough for the checks above to have something to check.
+    # machine finished 162 where this one had finished over 200): as many as there are clients
+    # is enough for the checks above to have something to check.
     assert result["completed"] >= 64 and result["cancelled"] > 0
     assert result["preemptions"] > 0 and result["finished_by_reason"].get("length", 0) > 0
     assert set(result["completed_by_kind"]) == set(soak.KINDS)
