@@ -47,11 +47,9 @@ from devtools.models import grid_parser, number_list, parse_grid, resolve_pair
 FRACTIONS = (0.05, 0.1, 0.2, 0.3)  # the GPU draft forward, as a fraction of a target pass
 
 
-def timed_code_version() -> str:
-    """The hash of the code behind the numbers, this program and acceptance's engines with it."""
-    return code_version(("vllm_mtad", "patches", "devtools/engine.py", "devtools/models.py",
-                         "setup.py", "benchmarks/lib", "benchmarks/acceptance.py",
-                         "benchmarks/rules_speed.py"))
+# This program and acceptance's engines, beside report.code_version's defaults.
+OWN_CODE = ("benchmarks/acceptance.py", "benchmarks/rules_speed.py",
+            "benchmarks/lib/projection.py")
 
 
 def speed_configs(gammas: list[int], widths: list[int]) -> list[dict]:
@@ -316,7 +314,7 @@ def main(argv=None) -> None:
         t0 = time.perf_counter()
         runs = run(args, target, draft, tiny)
         args.out.mkdir(parents=True, exist_ok=True)
-        env, version = environment(), timed_code_version()
+        env, version = environment(), code_version(extra=OWN_CODE)
         path.write_text(json.dumps({"runs": runs, "wall_s": time.perf_counter() - t0,
                                     "environment": env, "dtype": args.dtype,
                                     "code_version": version, "commit": code_commit()}, indent=1))
@@ -328,7 +326,7 @@ def main(argv=None) -> None:
     write_outputs("rules_speed", {"rows": rows, "cpu_model": check, "gpu_projection": projection,
                                   "args": {k: str(v) for k, v in vars(args).items()},
                                   "environment": env, "code_version": version,
-                                  "report_code_version": timed_code_version()},
+                                  "report_code_version": code_version(extra=OWN_CODE)},
                   table, args.out)
     print(table)
 

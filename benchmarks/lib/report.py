@@ -39,11 +39,14 @@ def code_commit() -> str:
 def code_version(paths=("vllm_mtad", "patches", "devtools/engine.py", "devtools/models.py",
                         "setup.py", "benchmarks/lib/engines.py", "benchmarks/lib/runner.py",
                         "benchmarks/lib/report.py", "benchmarks/lib/prompts.py",
-                        "benchmarks/lib/stats.py", "benchmarks/speed.py")) -> str:
-    """A hash of the code that makes a benchmark's numbers: ``paths`` (folders and files of
-    this checkout) as committed, and any uncommitted change to them ("unknown" outside a git
-    checkout). Unlike the commit it stays the same when only reports or documents are
-    committed, so that a long run can be put together from parts measured by the same code."""
+                        "benchmarks/lib/stats.py", "benchmarks/speed.py"),
+                 extra: tuple[str, ...] = ()) -> str:
+    """A hash of the code that makes a benchmark's numbers: ``paths`` and ``extra`` (folders
+    and files of this checkout; ``extra`` for a program's own files beside the defaults) as
+    committed, and any uncommitted change to them ("unknown" outside a git checkout). Unlike
+    the commit it stays the same when only reports or documents are committed, so that a long
+    run can be put together from parts measured by the same code."""
+    paths = tuple(paths) + tuple(extra)
     trees = [_git("rev-parse", f"HEAD:{path}") for path in paths]
     if not all(trees):
         return "unknown"
