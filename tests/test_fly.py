@@ -171,7 +171,7 @@ def _sampled_case(p, q, drafts, seeds, window, threshold=0.3, sparse_draft=False
                      any_sampled=True)
     n = (drafts >= 0).sum(1)
 
-    def draft_at(index):
+    def draft_at(index, needed):
         rows = q_lp[torch.arange(B), index]  # [B, V]
         if not sparse_draft:
             return Candidates(rows, None, torch.zeros(B, dtype=torch.bool))

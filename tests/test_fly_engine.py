@@ -64,7 +64,9 @@ def test_sampled_fly_in_the_engine(tiny_pair_dirs):
     drafts rejected), and reruns with the same seeds give the same tokens; with threshold 0
     and no window every drafted token the target does not rule out is accepted (no top-k/top-p:
     the target rules none out); with top-k/top-p (sparse candidates) it runs and defers some
-    rejections: it accepts more than without deferral. Two-beam sampled drafts are refused."""
+    rejections: it accepts more than without deferral. Two-beam sampled drafts are refused.
+    Two requests at a time, of different lengths: a request joins while another is being
+    verified (its prefill step has no draft, and no kept distribution, to read)."""
     from vllm import SamplingParams
 
     from vllm_mtad.policy.controller import force_plans
@@ -72,12 +74,13 @@ def test_sampled_fly_in_the_engine(tiny_pair_dirs):
 
     target_dir, draft_dir = tiny_pair_dirs
     llm = make_llm(target_dir, mtad_spec(draft_dir, gamma=4, width=4), enforce_eager=True,
-                   disable_log_stats=False)
+                   disable_log_stats=False, max_num_seqs=2)
 
     def run(rule, **sampling):
         llm.collective_rpc(use_comparison_rule(rule))
-        return counted(llm, [SamplingParams(max_tokens=40, temperature=1.0, ignore_eos=True,
-                                            seed=5 + i, **sampling) for i in range(len(PROMPTS))])
+        return counted(llm, [SamplingParams(max_tokens=n, temperature=1.0, ignore_eos=True,
+                                            seed=5 + i, **sampling)
+                             for i, n in enumerate((40, 12, 28, 20))])
 
     try:
         llm.collective_rpc(force_plans([(1, 4)]))

@@ -80,3 +80,12 @@ def test_draft_distributions_keep_each_requests_latest_round():
     d.forget(["a"])
     with pytest.raises(RuntimeError, match="no draft distribution kept"):
         d.at(["a"], torch.tensor([0]))
+    # a row the rule will not read (a request in its prefill step) needs none: a placeholder
+    got = d.at(["new", "b"], torch.tensor([0, 1]), needed=torch.tensor([False, True]))
+    assert got.token_ids.tolist() == [[0, 0], [1, 2]]
+    assert got.logprobs[0].tolist() == [0.0, float("-inf")]
+    assert torch.allclose(got.logprobs[1].exp(), torch.tensor([0.9, 0.1]))
+    dense = d.at(["new", "e"], torch.tensor([0, 0]), needed=torch.tensor([False, True]))
+    assert dense.token_ids is None and dense.logprobs[0].exp().tolist() == [1, 0, 0, 0, 0, 0]
+    with pytest.raises(RuntimeError, match=r"requests \['new'\]"):
+        d.at(["new", "b"], torch.tensor([0, 1]), needed=torch.tensor([True, True]))

@@ -135,29 +135,48 @@ class DraftDistributions:
         for req_id in req_ids:
             self._rows.pop(req_id, None)
 
-    def at(self, req_ids: list[str], index: torch.Tensor) -> Candidates:
+    def at(self, req_ids: list[str], index: torch.Tensor,
+           needed: torch.Tensor | None = None) -> Candidates:
         """q̃ at draft position ``index`` ([B] int64, 0-based) of each request's latest draft,
-        [B, K] (sparse rows padded with probability 0; all dense if one is)."""
-        missing = [r for r in req_ids if r not in self._rows]
+        [B, K] (sparse rows padded with probability 0; all dense if one is). ``needed`` ([B]
+        bool, None: all): the rows the rule will read. A row not needed and not kept (a
+        request in its prefill step, which has no draft yet) holds a placeholder, probability
+        1 on token 0; a needed row not kept is an error."""
+        want = [True] * len(req_ids) if needed is None else needed.tolist()[:len(req_ids)]
+        missing = [r for r, w in zip(req_ids, want) if w and r not in self._rows]
         if missing:
             raise RuntimeError(f"no draft distribution kept for requests {missing[:4]}: the "
                                "comparison rule needs one-beam drafts made while it was on")
+        kept = [self._rows.get(r) for r in req_ids]
+        kept += [None] * (index.shape[0] - len(kept))  # vLLM's dummy rows past the requests
         rows = []
-        for req_id, j in zip(req_ids, index.tolist()):
-            lp, ids = self._rows[req_id]
+        for entry, j in zip(kept, index.tolist()):
+            if entry is None:
+                rows.append(None)
+                continue
+            lp, ids = entry
             j = min(j, lp.shape[0] - 1)
             rows.append((lp[j], None if ids is None else ids[j]))
         dev, none = index.device, torch.zeros(len(rows), dtype=torch.bool, device=index.device)
-        if any(ids is None for _, ids in rows):  # one dense row: all dense
-            V = next(lp.shape[0] for lp, ids in rows if ids is None)
-            dense = [lp if ids is None else
-                     torch.full((V,), float("-inf"), device=lp.device).scatter(0, ids, lp)
-                     for lp, ids in rows]
-            return Candidates(torch.stack(dense).to(dev), None, none)
+        present = [r for r in rows if r is not None]
+        dtype = present[0][0].dtype if present else torch.float32
+        if any(ids is None for _, ids in present):  # one dense row: all dense
+            V = next(lp.shape[0] for lp, ids in present if ids is None)
+            placeholder = torch.full((V,), float("-inf"), dtype=dtype, device=dev)
+            placeholder[0] = 0.0
+            dense = [placeholder if r is None else r[0].to(dev) if r[1] is None else
+                     torch.full((V,), float("-inf"), dtype=dtype,
+                                device=dev).scatter(0, r[1].to(dev),
+                                                                         r[0].to(dev))
+                     for r in rows]
+            return Candidates(torch.stack(dense), None, none)
+        one = (torch.zeros(1, dtype=dtype, device=dev),
+               torch.zeros(1, dtype=torch.int64, device=dev))
+        rows = [one if r is None else (r[0].to(dev), r[1].to(dev)) for r in rows]
         K = max(lp.shape[0] for lp, _ in rows)
         pad = lambda t, v: torch.nn.functional.pad(t, (0, K - t.shape[0]), value=v)  # noqa: E731
-        return Candidates(torch.stack([pad(lp, float("-inf")) for lp, _ in rows]).to(dev),
-                          torch.stack([pad(ids, 0) for _, ids in rows]).to(dev), none)
+        return Candidates(torch.stack([pad(lp, float("-inf")) for lp, _ in rows]),
+                          torch.stack([pad(ids, 0) for _, ids in rows]), none)
 
 
 class MTADRequestState:

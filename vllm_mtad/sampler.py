@@ -165,7 +165,8 @@ class MTADRejectionSampler(RejectionSampler):
         window = rule.window if rule.window is not None else (
             default_window(target.gamma) if target.gamma >= 2 else 0)  # γ = 1: no window
         draft = FlyDraft(drafts, draft_lp,
-                         lambda index: self.state.distributions.at(req_ids, index))
+                         lambda index, needed: self.state.distributions.at(req_ids, index,
+                                                                           needed))
         return fly_accept(draft, target, entropy, Bonus(target.counts, bonus_token_ids),
                           FlyGate(window, rule.entropy_threshold), keys)
 

@@ -132,8 +132,10 @@ class FlyDraft:
 
     token_ids: torch.Tensor  # [B, γ] int, -1 = invalid (past the row's own draft)
     logprobs: torch.Tensor | None = None  # [B, γ] float log q̃(x_i) (None: all rows greedy)
-    # at(index [B] int64, 0-based) -> Candidates [B, Kd]: q̃ at that draft position per row.
-    at: Callable[[torch.Tensor], "Candidates"] | None = None
+    # at(index [B] int64, 0-based, needed [B] bool) -> Candidates [B, Kd]: q̃ at that draft
+    # position for each needed row; other rows (a request in its prefill step, with no draft,
+    # or a greedy row) are never read and may hold anything.
+    at: Callable[[torch.Tensor, torch.Tensor], "Candidates"] | None = None
 
 
 @dataclass(frozen=True)
@@ -192,9 +194,10 @@ def fly_accept(draft: FlyDraft, target, entropy: torch.Tensor, bonus, gate: FlyG
     at = k.clamp(max=gamma - 1)
     cands = target.candidates_at(at)
     if sampled_any:  # sampled rows rejected at k draw from the residual there
-        res = residual(cands, draft.at(at))
-        rejected = (~keys.greedy & (k < num_drafts))[:, None]
-        cands = replace(cands, logprobs=torch.where(rejected, res.logprobs, cands.logprobs))
+        rejected = ~keys.greedy & (k < num_drafts)
+        res = residual(cands, draft.at(at, rejected))
+        cands = replace(cands, logprobs=torch.where(rejected[:, None], res.logprobs,
+                                                    cands.logprobs))
     extra = extra_tokens_from(cands, keys.shifted(k))
     extra = torch.where(k >= num_drafts, bonus.token_ids.to(extra.dtype), extra)
     lengths = torch.arange(1, gamma + 1, device=k.device)
