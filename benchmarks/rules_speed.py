@@ -199,7 +199,8 @@ def cpu_model_check(rows: list[dict]) -> dict:
         want = predicted[(r["config"], r["batch"])] / sd_pred
         lo, hi = r["vs_sd"]["min"], r["vs_sd"]["max"]
         checks.append(dict(config=r["config"], batch=r["batch"], measured=r["vs_sd"],
-                           predicted=want, within=lo <= want <= hi))
+                           predicted=want, within=lo <= want <= hi,
+                           error=r["vs_sd"]["median"] / want - 1))
     sd_rows = [dict(config=r["config"], batch=r["batch"], measured=r["tok_s"],
                     predicted=predicted[(r["config"], r["batch"])],
                     step_s=r["step_s"], predicted_step_s=step_seconds(costs, r["batch"], r["w"],
@@ -209,7 +210,21 @@ def cpu_model_check(rows: list[dict]) -> dict:
     a_d, b_d = costs.draft(0), costs.draft(1) - costs.draft(0)
     return dict(lines={"target": [a_t, b_t], "draft": [a_d, b_d]},
                 draft_fraction_batch1=costs.draft(1) / costs.target(2),
-                ratios=checks, sd=sd_rows)
+                ratios=checks, sd=sd_rows, same_forwards=same_forwards(rows))
+
+
+def same_forwards(rows: list[dict]) -> list[dict]:
+    """FLy's step over MTAD W=1's at each (T, γ, batch): one engine, the same chain, the same
+    forwards, so a forward-count model prices them alike. How far apart they come out is how
+    finely these runs can check any such model."""
+    step = {(r["config"], r["batch"]): r["step_s"] for r in rows if r["engine"] == "mtad"}
+    out = []
+    for (name, batch), s in step.items():
+        cut = name.split()  # "fly g4 T0" -> "mtad w1 g4 T0"
+        w1 = step.get((f"mtad w1 {cut[1]} {cut[2]}", batch)) if cut[0] == "fly" else None
+        if w1:
+            out.append(dict(cell=f"{cut[1]} {cut[2]}", batch=batch, fly_over_w1=s / w1))
+    return out
 
 
 def gpu_projection(acceptance: dict, batches=(1, 16)) -> list[dict]:
@@ -257,11 +272,23 @@ def markdown(rows, check, projection) -> str:
                      f"{cell(r['vs_sd_whole_run']) if r.get('vs_sd_whole_run') else '–'} |")
     lines += ["", "Cost model on this CPU (fitted to the MTAD engine's decoding steps; SD "
               "predicted from the same forwards; decode ratios, tokens per step):", "",
-              "| configuration | batch | measured vs SD [min, max] | predicted | within |",
-              "|---|---|---|---|---|"]
+              "| configuration | batch | measured vs SD [min, max] | predicted | measured / "
+              "predicted − 1 | within |", "|---|---|---|---|---|---|"]
     for c in check["ratios"]:
         lines.append(f"| {c['config']} | {c['batch']} | {cell(c['measured'])} | "
-                     f"{c['predicted']:.2f} | {'yes' if c['within'] else 'no'} |")
+                     f"{c['predicted']:.2f} | {c['error']:+.1%} | "
+                     f"{'yes' if c['within'] else 'no'} |")
+    if check["ratios"]:
+        within = sum(c["within"] for c in check["ratios"])
+        errors = sorted(abs(c["error"]) for c in check["ratios"])
+        lines += ["", f"Within their [min, max]: {within} of {len(errors)}; the model's "
+                  f"error: median {statistics.median(errors):.1%}, largest {errors[-1]:.1%}."]
+    if check["same_forwards"]:
+        lines += ["", "The same forwards priced alike by any forward-count model: FLy's step "
+                  "over MTAD W=1's, one engine, the same chain:", "",
+                  "| cell | batch | FLy step / W=1 step |", "|---|---|---|"]
+        lines += [f"| {s['cell']} | {s['batch']} | {s['fly_over_w1']:.2f} |"
+                  for s in check["same_forwards"]]
     lines += ["", "vLLM SD's decoding step, measured and as the MTAD engine's costs predict it:",
               "", "| configuration | batch | s / step measured | predicted | measured / predicted |",
               "|---|---|---|---|---|"]

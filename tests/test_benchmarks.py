@@ -559,6 +559,11 @@ def test_rules_speed_cost_model_check_reproduces_a_machine_made_by_the_model():
     rows = _rows_from(linear_costs((0.30, 0.004), (0.06, 0.003)), tpp)
     check = cpu_model_check(rows)
     assert len(check["ratios"]) == 12 and all(c["within"] for c in check["ratios"])
+    assert all(abs(c["error"]) < 1e-9 for c in check["ratios"])
+    # FLy and W=1 run the same forwards: on the model's machine their steps cost the same
+    assert [(s["cell"], s["batch"]) for s in check["same_forwards"]] == [
+        ("g4 T0", 1), ("g8 T0", 1), ("g4 T0", 4), ("g8 T0", 4)]
+    assert all(s["fly_over_w1"] == pytest.approx(1.0) for s in check["same_forwards"])
     for sd in check["sd"]:
         assert sd["predicted"] == pytest.approx(sd["measured"]["median"], rel=1e-6)
         assert sd["step_s"] == pytest.approx(sd["predicted_step_s"], rel=1e-6)
