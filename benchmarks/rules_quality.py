@@ -72,6 +72,7 @@ def generate(args, target, draft, tiny, sets, configs, records: Store) -> None:
 
     todo = [(c, s) for c in configs for s, probs in sets.items() if probs
             and any((c["name"], p["task_id"], 0) not in records for p in probs)]
+    machine = generated_on("float32" if tiny else args.dtype)  # acceptance.build's dtype
     with tqdm(total=len(todo), desc="configurations × sets", unit="run") as bar:
         for engine in dict.fromkeys(c["engine"] for c, _ in todo):
             llm = build(engine, args, target, draft, tiny)
@@ -92,12 +93,21 @@ def generate(args, target, draft, tiny, sets, configs, records: Store) -> None:
                     extra = run_counters(before, drafter_counters(llm)) if before else {}
                     records.append([o | extra | {"config": config["name"], "set": name,
                                                  "task_id": p["task_id"], "sample": 0,
-                                                 "passed": ok, "wall_s": wall}
+                                                 "passed": ok, "wall_s": wall,
+                                                 "machine": machine}
                                     for p, o, ok in zip(probs, outs, passed)])
                     bar.update(1)
                     bar.set_postfix_str(f"{config['name']} {name}: {wall:.0f} s")
             finally:
                 close(llm)
+
+
+def generated_on(dtype: str) -> str:
+    """The CPU model and the dtype a record was generated with ("AMD EPYC ..., float32"): the
+    report names them per row, as its rows can come from several machines."""
+    from devtools.engine import cpu_model_and_flags
+
+    return f"{cpu_model_and_flags().get('cpu_model', 'unknown')}, {dtype}"
 
 
 def run_counters(before: dict, after: dict) -> dict:
@@ -167,6 +177,7 @@ def summarise(configs, sets, records: Store, scores: Store) -> tuple[list[dict],
                        else 1.0,
                        ppl=bootstrap_mean(list(ppl.values())) if scored else None,
                        hit_max_tokens=sum(r["finish_reason"] == "length" for r in recs),
+                       generated_on=sorted({r.get("machine", "not recorded") for r in recs}),
                        narrowed_rows=max(r.get("narrowed_rows", 0) for r in recs))
             if passed is not None:
                 row["pass@1"] = bootstrap_mean(passed)
@@ -183,6 +194,11 @@ def summarise(configs, sets, records: Store, scores: Store) -> tuple[list[dict],
                 f"{interval(row.get('pass@1_vs_target'), '{:+.3f}')} | "
                 f"{interval(row['ppl'])} | {interval(row.get('ppl_vs_target'), '{:+.3f}')} | "
                 f"{row['hit_max_tokens']} |")
+    machines: dict = {}
+    for row in rows:
+        for m in row["generated_on"]:
+            machines.setdefault(m, []).append(f"{row['config']} ({row['set']})")
+    lines += ["", "Generated on:"] + [f"- {m}: {', '.join(v)}" for m, v in machines.items()]
     return rows, "\n".join(lines + against_fly(rows, per))
 
 
@@ -274,6 +290,7 @@ def main(argv=None) -> None:
             perplexities(args, target, tiny, sets, records, scores)
         print(f"rules quality run: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     rows, table = summarise(configs, sets, records, scores)
+    # environment: this report's writer; each row's generated_on: its records' machines
     payload = {"rows": rows, "args": {k: str(v) for k, v in vars(args).items()},
                "environment": environment(), "code_version": code_version()}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -451,6 +451,7 @@ def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
     assert {r["config"] for r in records} == configs
     assert len(records) == len(configs) * 4
     assert all((r["passed"] is None) == (r["set"] == "chat") for r in records)
+    assert {r["machine"].rsplit(", ", 1)[1] for r in records} == {"float32"}  # CPU, dtype
     assert all(r["steps"] > 0 for r in records if not r["config"].startswith("target"))
     # each run's engine counters (what tokens per pass reads where a stop string cost vLLM's
     # per-request metrics) agree with the requests' own
@@ -476,6 +477,7 @@ def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
     assert len(vs_fly) == 8 and all(r["ppl_vs_fly"] is not None for r in vs_fly.values())
     assert all("pass@1_vs_fly" in r for (c, s), r in vs_fly.items() if s == "humaneval")
     assert "MTAD against FLy" in (out / "rules_quality.md").read_text()
+    assert all(r["generated_on"] == [records[0]["machine"]] for r in rows)
 
 
 @pytest.mark.unit
