@@ -112,8 +112,11 @@ def generated_on(dtype: str) -> str:
 
 def run_counters(before: dict, after: dict) -> dict:
     """The MTAD engine's counters over one run (drafter_stats() before and after): its drafts
-    verified and draft tokens accepted, and rows narrowed to one beam (must stay 0)."""
+    verified and draft tokens accepted, rows narrowed to one beam and rows verified with drafts
+    that were not the drafter's (both must stay 0)."""
+    misses = "sampler_draft_store_misses"
     return {"narrowed_rows": int(after.get("narrowed_rows", 0)),
+            "foreign_drafts": after.get(misses, 0) - before.get(misses, 0),
             "run_drafts": after["verified_drafts"] - before["verified_drafts"],
             "run_accepted": after["accepted_tokens"] - before["accepted_tokens"]}
 
@@ -178,7 +181,8 @@ def summarise(configs, sets, records: Store, scores: Store) -> tuple[list[dict],
                        ppl=bootstrap_mean(list(ppl.values())) if scored else None,
                        hit_max_tokens=sum(r["finish_reason"] == "length" for r in recs),
                        generated_on=sorted({r.get("machine", "not recorded") for r in recs}),
-                       narrowed_rows=max(r.get("narrowed_rows", 0) for r in recs))
+                       narrowed_rows=max(r.get("narrowed_rows", 0) for r in recs),
+                       foreign_drafts=max(r.get("foreign_drafts", 0) for r in recs))
             if passed is not None:
                 row["pass@1"] = bootstrap_mean(passed)
             if base is not None and c["engine"] != "target":

@@ -453,6 +453,8 @@ def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
     assert all((r["passed"] is None) == (r["set"] == "chat") for r in records)
     assert {r["machine"].rsplit(", ", 1)[1] for r in records} == {"float32"}  # CPU, dtype
     assert all(r["steps"] > 0 for r in records if not r["config"].startswith("target"))
+    # every verified draft was the drafter's (FLy at T=1 reads its kept q̃)
+    assert all(r["foreign_drafts"] == 0 for r in records if not r["config"].startswith("target"))
     # each run's engine counters (what tokens per pass reads where a stop string cost vLLM's
     # per-request metrics) agree with the requests' own
     runs = {}

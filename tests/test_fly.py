@@ -251,6 +251,44 @@ def test_sampled_fly_matches_the_reference_and_samples_its_residual():
             assert chi2 < 20.5, (sparse, k, chi2)  # df ≤ 4: p ≈ 0.0004
 
 
+def test_sampled_fly_reads_the_draft_distribution_only_where_it_draws_the_residual():
+    """A mixed batch: a sampled row rejected at 0 (the only row that reads q̃), a greedy row,
+    a row in its prefill step (no draft), a row whose drafts are not the drafter's (-1 within
+    its count: nothing rejected, the target's own token) and a sampled row accepted whole.
+    q̃ of the rows not read is NaN: it must not reach any output."""
+    from vllm_mtad.core.acceptance import Bonus, DenseTarget
+    from vllm_mtad.core.fly import FlyDraft, FlyGate, fly_accept
+    from vllm_mtad.core.noise import NoiseKeys
+    from vllm_mtad.core.processing import Candidates
+
+    p = _dist([CERTAIN] * 5).float()  # the target is sure of token 2 everywhere
+    drafts = torch.tensor([[0, 0, 1, 1], [2, 2, 2, 2], [-1] * 4, [-1] * 4, [2, 2, 2, 2]])
+    n = torch.tensor([4, 4, 0, 4, 4])
+    B, G = drafts.shape
+    p_lp = p.log()[None].expand(B, -1, -1)
+    q_lp = Q.float().log()
+    draft_lp = torch.where(drafts >= 0, q_lp[0][drafts.clamp(min=0)], 0.0)
+    seen = []
+
+    def draft_at(index, needed):
+        seen.append(needed.tolist())
+        rows = q_lp[index].clone()
+        rows[~needed] = float("nan")
+        return Candidates(rows, None, torch.zeros(B, dtype=torch.bool))
+
+    greedy = torch.tensor([False, True, False, False, False])
+    keys = NoiseKeys(greedy, torch.arange(B), torch.full((B,), 3), any_sampled=True)
+    out = fly_accept(FlyDraft(drafts, draft_lp, draft_at), DenseTarget(p_lp),
+                     top_k_entropy(p_lp[:, :G]), Bonus(n, torch.full((B,), 99)),
+                     FlyGate(1, 0.3), keys)
+    assert seen == [[True, False, False, False, False]]
+    assert out.num_accepted.tolist() == [0, 4, 0, 0, 4]
+    # rejected at 0: the residual max(p̃ − q̃, 0) is all on token 2; no draft: the bonus;
+    # drafts not the drafter's: the target's own token; accepted whole: the bonus
+    assert out.output_token_ids[:, 0].tolist() == [2, 2, 99, 2, 2]
+    assert out.output_token_ids[[1, 4], 4].tolist() == [99, 99]
+
+
 def test_sampled_fly_without_deferral_is_lossless():
     """With an unreachable entropy threshold FLy is standard speculative sampling: a draft
     sampled from q, the p/q test and the residual give the target's own distribution at the

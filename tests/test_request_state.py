@@ -87,5 +87,8 @@ def test_draft_distributions_keep_each_requests_latest_round():
     assert torch.allclose(got.logprobs[1].exp(), torch.tensor([0.9, 0.1]))
     dense = d.at(["new", "e"], torch.tensor([0, 0]), needed=torch.tensor([False, True]))
     assert dense.token_ids is None and dense.logprobs[0].exp().tolist() == [1, 0, 0, 0, 0, 0]
+    # vLLM's dummy rows past the requests (its warm-up): placeholders too
+    assert d.at(["b"], torch.tensor([1, 0, 0]),
+                needed=torch.tensor([True, True, False])).token_ids.shape == (3, 2)
     with pytest.raises(RuntimeError, match=r"requests \['new'\]"):
         d.at(["new", "b"], torch.tensor([0, 1]), needed=torch.tensor([True, True]))

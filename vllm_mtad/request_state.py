@@ -164,15 +164,14 @@ class DraftDistributions:
             V = next(lp.shape[0] for lp, ids in present if ids is None)
             placeholder = torch.full((V,), float("-inf"), dtype=dtype, device=dev)
             placeholder[0] = 0.0
-            dense = [placeholder if r is None else r[0].to(dev) if r[1] is None else
+            dense = [placeholder if r is None else r[0].to(dev, dtype) if r[1] is None else
                      torch.full((V,), float("-inf"), dtype=dtype,
-                                device=dev).scatter(0, r[1].to(dev),
-                                                                         r[0].to(dev))
+                                device=dev).scatter(0, r[1].to(dev), r[0].to(dev, dtype))
                      for r in rows]
             return Candidates(torch.stack(dense), None, none)
         one = (torch.zeros(1, dtype=dtype, device=dev),
                torch.zeros(1, dtype=torch.int64, device=dev))
-        rows = [one if r is None else (r[0].to(dev), r[1].to(dev)) for r in rows]
+        rows = [one if r is None else (r[0].to(dev, dtype), r[1].to(dev)) for r in rows]
         K = max(lp.shape[0] for lp, _ in rows)
         pad = lambda t, v: torch.nn.functional.pad(t, (0, K - t.shape[0]), value=v)  # noqa: E731
         return Candidates(torch.stack([pad(lp, float("-inf")) for lp, _ in rows]),

@@ -193,8 +193,9 @@ def fly_accept(draft: FlyDraft, target, entropy: torch.Tensor, bonus, gate: FlyG
                              gate.window, gate.entropy_threshold)
     at = k.clamp(max=gamma - 1)
     cands = target.candidates_at(at)
-    if sampled_any:  # sampled rows rejected at k draw from the residual there
-        rejected = ~keys.greedy & (k < num_drafts)
+    if sampled_any:  # sampled rows whose draft token at k was rejected draw from the residual
+        # there (not a row whose draft at k is no draft, -1: nothing was rejected, p̃ itself)
+        rejected = ~keys.greedy & (k < num_drafts) & valid.gather(1, at[:, None])[:, 0]
         res = residual(cands, draft.at(at, rejected))
         cands = replace(cands, logprobs=torch.where(rejected[:, None], res.logprobs,
                                                     cands.logprobs))
