@@ -37,7 +37,7 @@ import json
 from pathlib import Path
 
 from benchmarks.lib.prompts import PAPER, chat_prompts, humaneval_prompts
-from benchmarks.lib.report import RESULTS, code_version, environment, write_outputs
+from benchmarks.lib.report import RESULTS, code_version, records_environment, write_outputs
 from benchmarks.lib.runner import per_request_acceptance
 from benchmarks.lib.stats import bootstrap_mean, paired_bootstrap_diff
 from devtools.models import grid_parser, parse_grid, resolve_pair
@@ -276,7 +276,9 @@ def summarise(path: Path, args) -> tuple[dict, str]:
     if chosen:
         table += ["", "The adaptive policy's arms (share of its steps):", *chosen]
     payload = {"rows": rows, "args": {k: str(v) for k, v in vars(args).items()},
-               "environment": environment(), "code_version": code_version()}
+               "environment": records_environment(args.out / "acceptance.json",
+                                                  args.report_only),
+               "code_version": code_version()}
     return payload, "\n".join(table)
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.acceptance import prompt_sets
-from benchmarks.lib.report import RESULTS, environment, write_outputs
+from benchmarks.lib.report import RESULTS, records_environment, write_outputs
 from benchmarks.lib.stats import bootstrap_mean
 from devtools.models import add_model_args, number_list, resolve_pair
 
@@ -206,7 +206,9 @@ def main(argv=None) -> None:
                                         "wall_s": time.perf_counter() - t0}) + "\n")
     rows, table = summarise(path)
     write_outputs("headroom", {"rows": rows, "args": {k: str(v) for k, v in vars(args).items()},
-                               "environment": environment()}, table, args.out)
+                               "environment": records_environment(args.out / "headroom.json",
+                                                                  args.report_only)},
+                  table, args.out)
     print(table)
 
 

@@ -659,3 +659,19 @@ def test_rules_speed_times_decoding_from_each_batchs_prefill_step():
         decoding_seconds([out(1.0, 3.0), out(1.2, 3.0)], [slice(0, 2)])
     with pytest.raises(RuntimeError, match="metrics"):
         decoding_seconds([SimpleNamespace(metrics=None)], [slice(0, 1)])
+
+
+@pytest.mark.unit
+def test_report_only_keeps_the_environment_the_records_were_made_in(tmp_path):
+    """A report rewritten by --report-only names the machine that made its records, and the
+    rewriting machine apart; a run (or a first report) names this machine."""
+    from benchmarks.lib.report import environment, records_environment
+
+    here = environment()
+    previous = tmp_path / "acceptance.json"
+    assert records_environment(previous, report_only=True)["cpu_model"] == here["cpu_model"]
+    previous.write_text(json.dumps({"environment": {"cpu_model": "AMD EPYC 7B13", "cpus": 2}}))
+    kept = records_environment(previous, report_only=True)
+    assert kept["cpu_model"] == "AMD EPYC 7B13" and kept["reported_on"] == here["cpu_model"]
+    ran = records_environment(previous, report_only=False)
+    assert ran["cpu_model"] == here["cpu_model"] and "reported_on" not in ran

@@ -31,6 +31,19 @@ def environment() -> dict:
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
+def records_environment(previous: Path, report_only: bool) -> dict:
+    """The environment a report's records were made in: this machine's after a run; for
+    ``--report-only``, the one the report being rewritten (``previous``, its JSON) recorded,
+    with "reported_on", this machine's CPU (a report rewritten elsewhere must not claim the
+    rewriting machine ran it). This machine's where there is no earlier report."""
+    env = environment()
+    if report_only and previous.exists():
+        earlier = json.loads(previous.read_text()).get("environment")
+        if earlier:
+            return earlier | {"reported_on": env.get("cpu_model", env["processor"])}
+    return env
+
+
 def code_commit() -> str:
     """This checkout's commit ("unknown" outside a git checkout), for the record."""
     return _git("rev-parse", "HEAD").decode().strip() or "unknown"
