@@ -338,13 +338,15 @@ def main(argv=None) -> None:
     else:
         target, draft, tiny = resolve_pair(args)
         args.dtype = "float32" if tiny else args.dtype  # what acceptance.build uses
+        # the code that runs, taken before it runs (the tree may change during a long run)
+        version, commit = code_version(extra=OWN_CODE), code_commit()
         t0 = time.perf_counter()
         runs = run(args, target, draft, tiny)
         args.out.mkdir(parents=True, exist_ok=True)
-        env, version = environment(), code_version(extra=OWN_CODE)
+        env = environment()
         path.write_text(json.dumps({"runs": runs, "wall_s": time.perf_counter() - t0,
                                     "environment": env, "dtype": args.dtype,
-                                    "code_version": version, "commit": code_commit()}, indent=1))
+                                    "code_version": version, "commit": commit}, indent=1))
     rows = summarise(runs, speed_configs(args.gammas, args.widths))
     check = cpu_model_check(rows)
     projection = (gpu_projection(json.loads(args.acceptance.read_text()))

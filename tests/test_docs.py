@@ -95,10 +95,10 @@ def is_speed_table(table: list[str]) -> bool:
 
 
 def test_readme_stays_short_with_one_speed_table():
-    """The README is what a user reads in five minutes: at most 300 lines and one speed table
+    """The README is what a user reads in five minutes: at most 250 lines and one speed table
     (results go to benchmarks/reports/ and docs/, not back into the README)."""
     readme = (ROOT / "README.md").read_text()
-    assert len(readme.splitlines()) <= 300, len(readme.splitlines())
+    assert len(readme.splitlines()) <= 250, len(readme.splitlines())
     speed = [t[0] for t in tables(readme) if is_speed_table(t)]
     assert len(speed) <= 1, speed
 
