@@ -221,23 +221,39 @@ def interval(v, fmt: str = "{:.3f}") -> str:
 
 def against_fly(rows: list[dict], per: dict) -> list[str]:
     """MTAD's rows paired against FLy's on the same prompts, γ and T (the lossy peer, issue
-    46): Δ pass@1 and Δ perplexity, MTAD − FLy, added to ``rows``; the lines of their table."""
-    lines = ["", "MTAD against FLy at the same γ and T, paired (MTAD − FLy):", "",
-             "| configuration | prompts | Δ pass@1, paired | Δ PPL, paired |",
+    46), and MTAD's rows of W > 1 against W = 1 (the beams alone): Δ pass@1 and Δ perplexity,
+    added to ``rows`` ("_vs_fly", "_vs_w1"); the lines of their tables."""
+    def fly(cut):  # "mtad w4 g8 T0" -> "fly g8 T0"
+        return f"fly {cut[2]} {cut[3]}" if cut[0] == "mtad" else None
+
+    def one_beam(cut):  # "mtad w4 g8 T0" -> "mtad w1 g8 T0"
+        return f"mtad w1 {cut[2]} {cut[3]}" if cut[0] == "mtad" and cut[1] != "w1" else None
+
+    return (paired_against(rows, per, fly, "vs_fly",
+                           "MTAD against FLy at the same γ and T, paired (MTAD − FLy):")
+            + paired_against(rows, per, one_beam, "vs_w1",
+                             "MTAD W>1 against W=1 (FLy's chain) at the same γ and T, paired "
+                             "(the beams alone):"))
+
+
+def paired_against(rows: list[dict], per: dict, partner, suffix: str, title: str) -> list[str]:
+    """Each row paired against its ``partner`` configuration (None: no partner) on the same
+    prompt set: ``pass@1_{suffix}`` and ``ppl_{suffix}`` added to the row; a table's lines."""
+    lines = ["", title, "", "| configuration | prompts | Δ pass@1, paired | Δ PPL, paired |",
              "|---|---|---|---|"]
     for row in rows:
-        name, cut = row["config"], row["config"].split()  # "mtad w4 g8 T0" -> "fly g8 T0"
-        fly = (f"fly {cut[2]} {cut[3]}", row["set"]) if cut[0] == "mtad" else None
-        if fly not in per:
+        name = row["config"]
+        other = (partner(name.split()), row["set"])
+        if other not in per:
             continue
-        (passed, ppl), (fly_passed, fly_ppl) = per[(name, row["set"])], per[fly]
+        (passed, ppl), (other_passed, other_ppl) = per[(name, row["set"])], per[other]
         if passed is not None:
-            row["pass@1_vs_fly"] = paired_bootstrap_diff(passed, fly_passed)
-        if ppl is not None and fly_ppl is not None:
-            row["ppl_vs_fly"] = paired_by_task(ppl, fly_ppl)
+            row[f"pass@1_{suffix}"] = paired_bootstrap_diff(passed, other_passed)
+        if ppl is not None and other_ppl is not None:
+            row[f"ppl_{suffix}"] = paired_by_task(ppl, other_ppl)
         lines.append(f"| {name} | {row['set']} ({row['prompts']}) | "
-                     f"{interval(row.get('pass@1_vs_fly'), '{:+.3f}')} | "
-                     f"{interval(row.get('ppl_vs_fly'), '{:+.3f}')} |")
+                     f"{interval(row.get(f'pass@1_{suffix}'), '{:+.3f}')} | "
+                     f"{interval(row.get(f'ppl_{suffix}'), '{:+.3f}')} |")
     return lines
 
 

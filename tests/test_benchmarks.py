@@ -479,6 +479,11 @@ def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
     assert len(vs_fly) == 8 and all(r["ppl_vs_fly"] is not None for r in vs_fly.values())
     assert all("pass@1_vs_fly" in r for (c, s), r in vs_fly.items() if s == "humaneval")
     assert "MTAD against FLy" in (out / "rules_quality.md").read_text()
+    # and MTAD W=2 against W=1 (the beams alone), only those
+    vs_w1 = {(r["config"], r["set"]) for r in rows if "ppl_vs_w1" in r}
+    assert vs_w1 == {(f"mtad w2 g3 T{t}", s) for t in (0, 1) for s in ("humaneval", "chat")}
+    assert all("pass@1_vs_w1" in r for r in rows
+               if (r["config"], r["set"]) in vs_w1 and r["set"] == "humaneval")
     assert all(r["generated_on"] == [records[0]["machine"]] for r in rows)
 
 
