@@ -74,11 +74,16 @@ def prompt_sets(spec: str) -> dict[str, list[str]]:
     return out
 
 
+def engine_dtype(args, tiny: bool) -> str:
+    """The dtype :func:`build` gives an engine: float32 for the tiny pair, else ``--dtype``."""
+    return "float32" if tiny else args.dtype
+
+
 def build(engine: str, args, target: str, draft: str, tiny: bool, log_stats: bool = False):
     """One engine of the grid (``log_stats``: vLLM keeps each request's timestamps)."""
     from devtools.engine import build_llm, draft_model_spec, mtad_spec
 
-    common = dict(dtype="float32" if tiny else args.dtype, max_model_len=2048,
+    common = dict(dtype=engine_dtype(args, tiny), max_model_len=2048,
                   max_num_seqs=args.batch, max_num_batched_tokens=4096, block_size=32,
                   kv_cache_bytes=(256 << 20) if tiny else getattr(args, "kv_bytes", 1 << 30),
                   enable_prefix_caching=False, per_request_spec_decode_metrics="summary",

@@ -34,8 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.acceptance import (build, configurations, drafter_counters, run_config,
-                                   tokens_per_pass)
+from benchmarks.acceptance import (build, configurations, drafter_counters, engine_dtype,
+                                   run_config, tokens_per_pass)
 from benchmarks.lib.humaneval import run_checks
 from benchmarks.lib.prompts import HUMANEVAL_STOP, chat_prompts
 from benchmarks.lib.report import RESULTS, code_version, environment, write_outputs
@@ -72,7 +72,7 @@ def generate(args, target, draft, tiny, sets, configs, records: Store) -> None:
 
     todo = [(c, s) for c in configs for s, probs in sets.items() if probs
             and any((c["name"], p["task_id"], 0) not in records for p in probs)]
-    machine = generated_on("float32" if tiny else args.dtype)  # acceptance.build's dtype
+    machine = generated_on(engine_dtype(args, tiny))
     with tqdm(total=len(todo), desc="configurations × sets", unit="run") as bar:
         for engine in dict.fromkeys(c["engine"] for c, _ in todo):
             llm = build(engine, args, target, draft, tiny)

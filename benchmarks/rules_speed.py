@@ -33,7 +33,8 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.acceptance import build, configurations, prepare, sampling_params
+from benchmarks.acceptance import (build, configurations, engine_dtype, prepare,
+                                   sampling_params)
 from benchmarks.lib.engines import select_everywhere, selection_counts
 from benchmarks.lib.projection import (fit_linear_costs, gpu_costs, step_seconds,
                                        tokens_per_second)
@@ -337,7 +338,7 @@ def main(argv=None) -> None:
         version = saved.get("code_version")
     else:
         target, draft, tiny = resolve_pair(args)
-        args.dtype = "float32" if tiny else args.dtype  # what acceptance.build uses
+        args.dtype = engine_dtype(args, tiny)
         # the code that runs, taken before it runs (the tree may change during a long run)
         version, commit = code_version(extra=OWN_CODE), code_commit()
         t0 = time.perf_counter()
