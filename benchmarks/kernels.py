@@ -2,11 +2,12 @@
 step, and one decision of the speculation policy.
 
     python -m benchmarks.kernels vocab ...    # beam step, noise, selection: definition vs ours
+    python -m benchmarks.kernels core ...     # one step's core, eager and as a CUDA graph
     python -m benchmarks.kernels policy ...   # what one policy decision costs on the host
 
 ``python -m benchmarks.kernels vocab --help`` (or ``policy --help``) says more. Plain PyTorch
-(vLLM only for the environment record of ``policy``), so ``vocab`` runs where vLLM does not
-(``--device cuda``). JSON and Markdown in benchmarks/results/ unless ``--out`` says otherwise.
+(vLLM only for the environment record of ``policy``), so ``vocab`` and ``core`` run where vLLM
+does not (``--device cuda``). JSON and Markdown in benchmarks/results/ unless ``--out`` says otherwise.
 """
 
 from __future__ import annotations
@@ -42,6 +43,25 @@ requests of the paper's sampling class with 1–48 tokens left, W ≤ 4, γ ≤ 
 engine would pay before it runs anything.
 
     python -m benchmarks.kernels policy                # B = 1, 4, 16, 48
+"""
+
+CORE_DOC = """The vLLM-free core of one MTAD step at real sizes, eager and as a CUDA graph.
+
+No model and no vLLM: random logits of the real pair's vocabulary (151,936), B requests × W
+beams (B·W up to 256 by default), γ = 4 and 8, every row sampled (T=1, top-k 10, top-p 0.9).
+Per piece: the draft step's processing by k-selection (and the definition's full sort, for
+scale), the noise at the candidates and over all W·V, the selection of W beams, the whole
+sparse beam step at step γ, the best beam, and MTAD's and FLy's acceptance on a dense target.
+
+On CUDA each piece is also captured into a CUDA graph; its inputs are then changed in place
+and the replay is checked against an eager call on the new inputs (exact equality: the noise
+is counter-based, so eager and replay draw the same), and both are timed, interleaved,
+median and [min, max] of the repeats. Each piece is also run on the CPU at the smallest
+configuration and compared with the device's answer. On the CPU alone (tests, a look at the
+pieces) there is no graph column.
+
+    python -m benchmarks.kernels core --device cuda
+    python -m benchmarks.kernels core --vocab 4096 --configs 1x4,4x4    # CPU, small
 """
 
 
@@ -146,6 +166,326 @@ def vocab_main(argv=None):
     print(f"\nwrote {out}/vocab_kernels.json, vocab_kernels.md")
 
 
+# ---- core: one step's vLLM-free core, eager and replayed from a CUDA graph ----
+
+def tensors_of(value) -> list:
+    """The tensors a piece returns, in a fixed order (tensor, tuple/list, dataclass)."""
+    import dataclasses
+
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in tensors_of(v)]
+    if dataclasses.is_dataclass(value):
+        return [t for f in dataclasses.fields(value) for t in tensors_of(getattr(value, f.name))]
+    return []
+
+
+def same(a, b, exact: bool = True) -> tuple[bool, float, int]:
+    """(equal, largest difference of the finite entries, integer entries that differ) of two
+    pieces' answers; exact, or within float rounding (answers from two devices)."""
+    import torch
+
+    xs, ys = tensors_of(a), tensors_of(b)
+    if len(xs) != len(ys):
+        return False, float("inf"), -1
+    ok, worst, ints = True, 0.0, 0
+    for x, y in zip(xs, ys):
+        x, y = x.cpu(), y.cpu()
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False, float("inf"), -1
+        if not x.is_floating_point():
+            ints += int((x != y).sum())
+            continue
+        x, y = x.double(), y.double()
+        both = torch.isfinite(x) & torch.isfinite(y)
+        ok &= bool(((x == y) | (x.isnan() & y.isnan()) | both).all())  # same infinities
+        diff = (x - y).abs()[both]
+        if diff.numel():
+            worst = max(worst, float(diff.max()))
+        if exact:
+            ok &= bool(torch.equal(x.nan_to_num(), y.nan_to_num()))
+        else:
+            ok &= bool(torch.allclose(x[both], y[both], rtol=1e-4, atol=1e-4))
+    return ok and ints == 0, worst, ints
+
+
+def core_inputs(batch: int, width: int, gamma: int, vocab: int, device, seed: int = 0) -> dict:
+    """Static inputs of one configuration (CPU tensors; moved by the caller): the draft
+    model's logits for B·W rows, a beam state of γ−1 steps, and a target and draft for the
+    acceptance (draft tokens sampled from a draft close to the target, so that the rules
+    accept some and reject some)."""
+    import torch
+
+    from vllm_mtad.core import BeamState
+    from vllm_mtad.core.processing import processed_logprobs
+
+    gen = torch.Generator().manual_seed(seed)
+    B, W, G, V = batch, width, gamma, vocab
+    R = B * W
+
+    def settings(rows):
+        return (torch.ones(rows), torch.full((rows,), 10), torch.full((rows,), 0.9))
+
+    target_logits = torch.randn(B * (G + 1), V, generator=gen) * 3
+    draft_logits = target_logits + torch.randn(B * (G + 1), V, generator=gen)
+    target_lp = processed_logprobs(target_logits, *settings(B * (G + 1))).view(B, G + 1, V)
+    draft_lp = processed_logprobs(draft_logits, *settings(B * (G + 1))).view(B, G + 1, V)
+    gumbel = -torch.log(-torch.log(torch.rand(B, G, V, generator=gen).clamp(1e-12, 1 - 1e-7)))
+    drafts = (draft_lp[:, :G] + gumbel).argmax(dim=2)
+    state = BeamState(
+        scores=-torch.rand(B, W, generator=gen) * 5,
+        tokens=torch.randint(0, V, (B, W, G - 1), generator=gen),
+        token_logprobs=-torch.rand(B, W, G - 1, generator=gen),
+        parents=torch.randint(0, W, (B, W), generator=gen))
+    inputs = {
+        "logits": (torch.randn(R, V, generator=gen) * 3).to(torch.bfloat16),
+        "temperature": settings(R)[0], "top_k": settings(R)[1], "top_p": settings(R)[2],
+        "greedy": torch.zeros(B, dtype=torch.bool), "seeds": torch.arange(B) * 7919 + seed,
+        "positions": torch.arange(B) + 100, "state": state,
+        "target_lp": target_lp, "draft_lp": draft_lp, "drafts": drafts,
+        "draft_token_lp": draft_lp[:, :G].gather(2, drafts[:, :, None])[:, :, 0],
+        "threshold": torch.full((B,), 0.1), "exact": torch.zeros(B, dtype=torch.bool),
+        "num_drafts": torch.full((B,), G), "bonus": target_lp[:, G].argmax(dim=1),
+    }
+    return to_device(inputs, device)
+
+
+def to_device(value, device):
+    import dataclasses
+
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
+    if dataclasses.is_dataclass(value):
+        return dataclasses.replace(value, **{f.name: to_device(getattr(value, f.name), device)
+                                             for f in dataclasses.fields(value)})
+    return value
+
+
+def core_pieces(x: dict, width: int, gamma: int, vocab: int) -> dict:
+    """name -> a call on the static inputs ``x`` (it reads them when called, so a captured
+    graph sees inputs changed in place)."""
+    import torch
+
+    from vllm_mtad.core import (Bonus, DenseTarget, NoiseKeys, StepCandidates, beam_step,
+                                best_beam, mtad_accept, noise)
+    from vllm_mtad.core.beam import _select
+    from vllm_mtad.core.fly import FlyDraft, FlyGate, default_window, fly_accept, top_k_entropy
+    from vllm_mtad.core.processing import (draft_candidates, processed_logprobs,
+                                           size_candidates)
+
+    W, G, V = width, gamma, vocab
+    B = x["seeds"].shape[0]
+    plan = size_candidates(V, W, [False] * (B * W), [10] * (B * W), [0.9] * (B * W))
+    K = plan.num_candidates
+    settings = (x["temperature"], x["top_k"], x["top_p"])
+
+    def keys():  # any_sampled known on the host: no device read
+        return NoiseKeys(x["greedy"], x["seeds"], x["positions"], any_sampled=True)
+
+    def candidates():
+        return draft_candidates(x["logits"], *settings, plan)
+
+    def step_candidates(c):
+        return StepCandidates(c.logprobs.view(B, W, K), c.token_ids.view(B, W, K), V)
+
+    def candidate_columns():
+        beam = torch.arange(W, device=x["logits"].device)
+        ids = x["logits"].view(B, W, V)[:, :, :K].to(torch.int64) % V
+        return (beam[None, :, None] * V + ids).reshape(B, W * K)
+
+    def row():
+        return noise.row_keys(x["seeds"], x["positions"], G, noise.STREAM_DRAFT)
+
+    def joint():  # [B, W·K] scores of the candidates, as the beam step forms them
+        return (x["state"].scores[:, :, None]
+                + x["logits"].view(B, W, V)[:, :, :K].float()).reshape(B, W * K)
+
+    def fly():
+        target = DenseTarget(x["target_lp"])
+        draft = FlyDraft(x["drafts"], x["draft_token_lp"],
+                         lambda index, needed: DenseTarget(x["draft_lp"]).candidates_at(index))
+        entropy = top_k_entropy(x["target_lp"][:, :G])
+        return fly_accept(draft, target, entropy, Bonus(x["num_drafts"], x["bonus"]),
+                          FlyGate(default_window(G)), keys())
+
+    return {
+        "processing: definition (full sort)": lambda: processed_logprobs(x["logits"], *settings),
+        "processing: k-selection": candidates,
+        "noise at the W·K candidates": lambda: noise.gumbel_at(row(), candidate_columns()),
+        "noise for all W·V": lambda: noise.gumbel(row(), W * V),
+        "selection: W of W·K": lambda: _select(joint(), joint(), W, None),
+        "beam step (sparse), step γ": lambda: beam_step(step_candidates(candidates()),
+                                                       x["state"], W, keys(), G),
+        "best beam": lambda: best_beam(x["state"]),
+        "MTAD acceptance": lambda: mtad_accept(
+            x["drafts"], x["draft_token_lp"], x["target_lp"], x["threshold"], x["exact"],
+            keys(), Bonus(x["num_drafts"], x["bonus"])),
+        "FLy acceptance": fly,
+    }
+
+
+def change_inputs(x: dict) -> None:
+    """New values in the same tensors: logits and log-probs shifted along the vocabulary, the
+    positions (hence every noise key) moved on, the beam scores rolled."""
+    for name in ("logits", "target_lp", "draft_lp"):
+        x[name].copy_(x[name].roll(7, dims=-1))
+    x["positions"].add_(5)
+    x["state"].scores.copy_(x["state"].scores.roll(1, dims=-1) - 0.5)
+    x["bonus"].add_(1)
+
+
+def clock(call, device, calls: int) -> float:
+    """Seconds per call, ``calls`` back to back, synchronised before and after."""
+    import torch
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        call()
+    sync()
+    return (time.perf_counter() - t0) / calls
+
+
+def capture(fn):
+    """(graph, its output tensors) for ``fn`` after three warm-up calls on a side stream
+    (compilation, the allocator)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def core_config(batch: int, width: int, gamma: int, vocab: int, device, repeats: int,
+                budget_s: float, check_cpu: bool) -> list[dict]:
+    """One row per piece of one (B, W, γ) configuration."""
+    import statistics
+
+    import torch
+
+    x = core_inputs(batch, width, gamma, vocab, device)
+    pieces = core_pieces(x, width, gamma, vocab)
+    on_cuda = device.type == "cuda"
+    cpu_pieces = None
+    if check_cpu and on_cuda:
+        x_cpu = core_inputs(batch, width, gamma, vocab, torch.device("cpu"))
+        cpu_pieces = core_pieces(x_cpu, width, gamma, vocab)
+    rows = []
+    for name, fn in pieces.items():
+        row = {"batch": batch, "beams": width, "rows": batch * width, "gamma": gamma,
+               "piece": name}
+        rows.append(row)
+        try:
+            fn()  # compile, warm up
+            if cpu_pieces is not None:
+                (row["matches_cpu"], row["cpu_max_diff"],
+                 row["cpu_ints_differing"]) = same(fn(), cpu_pieces[name](), exact=False)
+            graph = None
+            if on_cuda:
+                try:
+                    graph, out = capture(fn)
+                    change_inputs(x)
+                    if cpu_pieces is not None:  # the CPU's inputs stay the device's
+                        change_inputs(x_cpu)
+                    graph.replay()
+                    row["replay_equals_eager"] = same(out, fn())[0]
+                except Exception as exc:  # a piece that cannot be captured: say why
+                    row["graph_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    graph = None
+                    torch.cuda.synchronize()
+            once = clock(fn, device, 1)
+            calls = max(1, min(100, int(budget_s / max(once, 1e-6) / (2 * repeats))))
+            eager, replay = [], []
+            for _ in range(repeats):  # interleaved
+                eager.append(clock(fn, device, calls))
+                if graph is not None:
+                    replay.append(clock(graph.replay, device, calls))
+            row["eager_us"] = 1e6 * statistics.median(eager)
+            row["eager_us_min"], row["eager_us_max"] = 1e6 * min(eager), 1e6 * max(eager)
+            if replay:
+                row["graph_us"] = 1e6 * statistics.median(replay)
+                row["graph_us_min"], row["graph_us_max"] = 1e6 * min(replay), 1e6 * max(replay)
+                row["eager_over_graph"] = row["eager_us"] / row["graph_us"]
+            row["calls"] = calls
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return rows
+
+
+def core_main(argv=None):
+    import platform
+
+    import torch
+
+    parser = argparse.ArgumentParser(description=CORE_DOC,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--vocab", type=int, default=V)
+    parser.add_argument("--configs", default="1x4,4x4,16x4,64x4,32x8",
+                        help="B×W pairs (requests × beams), comma-separated")
+    parser.add_argument("--gammas", default="4,8")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--budget", type=float, default=0.4,
+                        help="seconds of timed calls per piece and mode")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # as one vLLM CPU worker thread
+    configs = [tuple(int(v) for v in c.split("x")) for c in args.configs.split(",")]
+    gammas = [int(g) for g in args.gammas.split(",")]
+    env = {**cpu_model_and_flags(), "torch": torch.__version__, "device": str(device),
+           "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
+           "cuda": torch.version.cuda, "machine": platform.machine(),
+           "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    columns = [("batch", "B"), ("beams", "W"), ("gamma", "γ"), ("piece", "piece"),
+               ("eager_us", "eager µs"), ("graph_us", "graph µs"),
+               ("eager_over_graph", "eager/graph"), ("graph", "replay = eager")]
+    rows = []
+    for i, (b, w) in enumerate(configs):
+        for gamma in gammas:
+            t0 = time.perf_counter()
+            new = core_config(b, w, gamma, args.vocab, device, args.repeats, args.budget,
+                              check_cpu=i == 0)
+            for r in new:
+                r["graph"] = ("n/a" if device.type != "cuda" else "error" if "graph_error" in r
+                              else "equal" if r.get("replay_equals_eager") else "DIFFERS")
+            rows += new
+            print(f"B={b} W={w} γ={gamma}: {time.perf_counter() - t0:.1f} s", flush=True)
+            # written after every configuration: a run stopped by a time limit keeps its rows
+            table = markdown_table(rows, columns)
+            out = write_outputs("core_kernels", {
+                "benchmark": "core_kernels", "vocab_size": args.vocab, "args": vars(args),
+                "environment": env, "complete": False, "rows": rows}, table, args.out)
+    write_outputs("core_kernels", {"benchmark": "core_kernels", "vocab_size": args.vocab,
+                                   "args": vars(args), "environment": env, "complete": True,
+                                   "rows": rows}, table, args.out)
+    print(table)
+    problems = [r for r in rows if "error" in r or r["graph"] in ("error", "DIFFERS")
+                or r.get("matches_cpu") is False]
+    for r in problems:
+        print("PROBLEM:", {k: r[k] for k in r if k in ("batch", "beams", "gamma", "piece",
+                                                       "error", "graph_error", "graph",
+                                                       "matches_cpu", "cpu_max_diff",
+                                                       "cpu_ints_differing")})
+    print(f"\nwrote {out}/core_kernels.json, core_kernels.md")
+
+
 # ---- policy: one decision of the speculation policy ----
 
 def fed_policy(batch_size: int, seed: int = 0):
@@ -212,7 +552,7 @@ def policy_main(argv=None) -> None:
 
 
 def main(argv=None) -> None:
-    run_view({"vocab": vocab_main, "policy": policy_main}, argv, __doc__.split("\n\n")[1])
+    run_view({"vocab": vocab_main, "core": core_main, "policy": policy_main}, argv, __doc__.split("\n\n")[1])
 
 
 if __name__ == "__main__":

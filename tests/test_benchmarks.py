@@ -184,6 +184,41 @@ def test_kernels_vocab_runs(tmp_path):
 
 
 @pytest.mark.system
+def test_kernels_core_runs_every_piece(tmp_path):
+    """The core benchmark (the step's vLLM-free pieces, eager and, on CUDA, as a graph) runs
+    every piece at every configuration on the CPU; a CPU run has no graph column."""
+    run_module(["benchmarks.kernels", "core", "--vocab", "2048", "--configs", "1x4,2x8",
+                "--gammas", "4", "--repeats", "1", "--budget", "0.01", "--out",
+                str(tmp_path / "out")], tmp_path)
+    data = json.loads((tmp_path / "out" / "core_kernels.json").read_text())
+    assert data["complete"] and data["vocab_size"] == 2048
+    assert len(data["rows"]) == 2 * 9 and not [r for r in data["rows"] if "error" in r]
+    assert {r["rows"] for r in data["rows"]} == {4, 16}
+    assert all(r["eager_us"] > 0 and r["graph"] == "n/a" for r in data["rows"])
+
+
+@pytest.mark.unit
+def test_core_pieces_read_inputs_changed_in_place():
+    """What the graph check rests on: every piece reads its inputs when called, so after
+    change_inputs its answer changes (a piece that kept a copy would let a stale graph pass),
+    and two sets of the same inputs changed alike give the same answers (the CPU check)."""
+    import torch
+
+    from benchmarks.kernels import change_inputs, core_inputs, core_pieces, same
+
+    cpu = torch.device("cpu")
+    x, y = core_inputs(2, 4, 4, 1024, cpu), core_inputs(2, 4, 4, 1024, cpu)
+    px, py = core_pieces(x, 4, 4, 1024), core_pieces(y, 4, 4, 1024)
+    before = {name: fn() for name, fn in px.items()}
+    change_inputs(x)
+    change_inputs(y)
+    for name, fn in px.items():
+        after = fn()
+        assert not same(before[name], after)[0], name
+        assert same(after, py[name]())[0], name
+
+
+@pytest.mark.system
 def test_kernels_policy_runs(tmp_path):
     """The policy's decision-cost benchmark runs and reports a time per batch size."""
     run_module(["benchmarks.kernels", "policy", "--batches", "1", "16", "--seconds", "0.05",

@@ -54,6 +54,19 @@ def test_keys_depend_on_every_field():
     assert again.item() == base.item()
 
 
+def test_an_int_step_keys_as_the_same_step_in_a_tensor():
+    """row_keys keeps an int step on the host (a tensor made from it would be a copy a CUDA
+    graph cannot capture); the keys are the ones a [B] tensor of that step gives, for steps
+    past 32 bits too."""
+    seeds, pos = torch.tensor([7, 1 << 40, 3]), torch.tensor([3, 9, 1 << 33])
+    for step in (0, 2, 7, (1 << 32) + 5):
+        as_int = noise.row_keys(seeds, pos, step, noise.STREAM_DRAFT)
+        as_tensor = noise.row_keys(seeds, pos, torch.full((3,), step), noise.STREAM_DRAFT)
+        assert torch.equal(as_int, as_tensor)
+    assert not torch.equal(noise.row_keys(seeds, pos, 2, noise.STREAM_DRAFT),
+                           noise.row_keys(seeds, pos, 3, noise.STREAM_DRAFT))
+
+
 def test_gumbel_moments():
     g = noise.gumbel(noise.row_keys(torch.arange(100), torch.zeros(100, dtype=torch.int64), 1, 1),
                      10_000).double()

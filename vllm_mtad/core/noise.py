@@ -78,9 +78,12 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor, step: int | torch.Ten
     """
     seeds = seeds.to(torch.int64)
     h = torch.full_like(seeds, 0x9E3779B9 ^ stream)
-    step_t = torch.as_tensor(step, dtype=torch.int64, device=seeds.device)
+    # An int step stays a Python scalar: a tensor made from it would be a host-to-device copy,
+    # which a CUDA graph cannot capture (benchmarks.kernels core).
+    step_part = (step & _MASK32 if isinstance(step, int)
+                 else step.to(torch.int64) & _MASK32)
     for part in (seeds & _MASK32, (seeds >> 32) & _MASK32,
-                 positions.to(torch.int64) & _MASK32, step_t & _MASK32):
+                 positions.to(torch.int64) & _MASK32, step_part):
         h = mix32(((h ^ part) + 0x6A09E667) & _MASK32)
     return h
 
