@@ -205,6 +205,10 @@ def test_noise_at_chosen_columns_and_compiled_dense_noise_equal_eager():
     assert torch.equal(noise.gumbel(keys, n), eager)
     cols = torch.randint(0, n, (4, 50))
     assert torch.equal(noise.gumbel_at(keys, cols), eager.gather(1, cols))
+    # Enough columns to run the compiled kernel at chosen columns (as every draw does on CUDA).
+    many = torch.randint(0, n, (4, envs.noise_compile_min_elements() // 4 + 7))
+    assert torch.equal(noise.gumbel_at(keys, many), eager.gather(1, many))
+    assert noise._compiled_at, "the compiled kernel at chosen columns did not run"
 
 
 def test_per_step_functions_never_read_the_device():

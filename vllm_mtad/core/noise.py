@@ -122,24 +122,37 @@ def _gumbel_dense_eager(keys: torch.Tensor, num_cols: int) -> torch.Tensor:
     return (-torch.log(-torch.log(uniform(keys, num_cols)))).to(torch.float32)
 
 
-# Module-level state: the compiled dense kernel, compiled once per process on first use (a
-# torch.compile per engine would cost seconds each); False once compiling failed.
+# Module-level state: each compiled kernel, compiled once per process on first use (a
+# torch.compile per engine would cost seconds each; inductor caches them on disk); None until
+# first use, False once compiling failed or is disabled (VLLM_MTAD_COMPILE_NOISE=0).
+# - the dense kernel (:func:`_gumbel_dense_eager`): its ~45 integer and float operations per
+#   element fused into one loop, bit-identical; 18x faster than eager for [16, 4·151,936] on
+#   one CPU core (benchmarks.kernels vocab).
+# - the kernel at chosen columns (:func:`_gumbel_at_eager`): on CUDA, eagerly, each of those
+#   operations is a kernel launch (189 µs for the 80 values of a beam step of 4 rows on an
+#   H200, 60 % of the step replayed from a CUDA graph; benchmarks/reports/core-gpu-h200).
 _compiled = None
+_compiled_at = None
 
 
-def _dense_kernel():
-    """torch.compile'd :func:`_gumbel_dense_eager`: the ~45 integer and float operations per
-    element fused into one loop (bit-identical; 18x faster than eager for [16, 4·151,936] on
-    one CPU core, benchmarks.kernels vocab; compiled once per process, cached on disk by
-    inductor). Falls back to eager when compilation
-    is unavailable or disabled (VLLM_MTAD_COMPILE_NOISE=0)."""
-    global _compiled
-    if _compiled is None:
-        if not envs.compile_noise():
-            _compiled = False
-        else:
-            _compiled = torch.compile(_gumbel_dense_eager, dynamic=True)
-    return _compiled
+def _compiled_or_eager(which: str, eager, *args) -> torch.Tensor:
+    """``eager(*args)`` through its torch.compile'd kernel (the module attribute ``which``),
+    compiled on first use; eagerly where compiling is disabled or fails (same values)."""
+    kernel = globals()[which]
+    if kernel is None:
+        kernel = torch.compile(eager, dynamic=True) if envs.compile_noise() else False
+        globals()[which] = kernel
+    if kernel:
+        try:
+            return kernel(*args)
+        except Exception as exc:  # no C++ compiler, unsupported device, ...
+            import logging
+
+            logging.getLogger("vllm.mtad.core.noise").warning(
+                "vllm-mtad: compiling a noise kernel failed (%s: %s); using the eager version "
+                "(same values, slower)", type(exc).__name__, exc)
+            globals()[which] = False
+    return eager(*args)
 
 
 def gumbel(keys: torch.Tensor, num_cols: int) -> torch.Tensor:
@@ -148,25 +161,24 @@ def gumbel(keys: torch.Tensor, num_cols: int) -> torch.Tensor:
     Large requests (every column of a 152k vocabulary, times W beams) run a compiled kernel with
     the same values; small ones run eagerly.
     """
-    global _compiled
     # Below the threshold (2**15 elements by default) a draw is cheap enough eagerly that a
     # one-time compilation does not pay; the tiny vocabularies of the tests stay eager.
     if keys.numel() * num_cols >= envs.noise_compile_min_elements():
-        kernel = _dense_kernel()
-        if kernel:
-            try:
-                return kernel(keys, num_cols)
-            except Exception as exc:  # no C++ compiler, unsupported device, ...
-                import logging
-
-                logging.getLogger("vllm.mtad.core.noise").warning(
-                    "vllm-mtad: compiling the dense noise kernel failed (%s: %s); using the "
-                    "eager version (same values, slower)", type(exc).__name__, exc)
-                _compiled = False
+        return _compiled_or_eager("_compiled", _gumbel_dense_eager, keys, num_cols)
     return _gumbel_dense_eager(keys, num_cols)
+
+
+def _gumbel_at_eager(keys: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    return (-torch.log(-torch.log(uniform_at(keys, cols)))).to(torch.float32)
 
 
 def gumbel_at(keys: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """Standard Gumbel noise at chosen columns, float32: ``gumbel_at(keys, cols)[r, j] ==
-    gumbel(keys, n)[r, cols[r, j]]``; see :func:`uniform_at`."""
-    return (-torch.log(-torch.log(uniform_at(keys, cols)))).to(torch.float32)
+    gumbel(keys, n)[r, cols[r, j]]``; see :func:`uniform_at`.
+
+    On CUDA it always runs compiled (one kernel instead of some fifty launches); elsewhere from
+    the dense kernel's threshold on, which a step's candidates (B·W·K values) stay below.
+    """
+    if keys.device.type == "cuda" or cols.numel() >= envs.noise_compile_min_elements():
+        return _compiled_or_eager("_compiled_at", _gumbel_at_eager, keys, cols)
+    return _gumbel_at_eager(keys, cols)
