@@ -37,7 +37,7 @@ from benchmarks.acceptance import (build, configurations, engine_dtype, prepare,
                                    sampling_params)
 from benchmarks.lib.engines import select_everywhere, selection_counts
 from benchmarks.lib.projection import (fit_linear_costs, gpu_costs, step_seconds,
-                                       tokens_per_second)
+                                       t0_tokens_per_pass, tokens_per_second)
 from benchmarks.lib.prompts import HALF, humaneval_prompts
 from benchmarks.lib.report import RESULTS, code_commit, code_version, environment, write_outputs
 from benchmarks.lib.runner import generate_in_batches, per_request_acceptance
@@ -232,29 +232,23 @@ def gpu_projection(acceptance: dict, batches=(1, 16)) -> list[dict]:
     """Projected speedup over vLLM SD at the same γ (and T=0 prompt set), per rule and draft
     fraction, from the measured tokens per pass (mean over the prompt sets). Rows of the
     fixed (W, γ) configurations only: the adaptive policy's chooses its own."""
-    tpp: dict = {}
-    for key, row in acceptance["rows"].items():
-        config = key.split(" | ")[0]
-        if "policy_chosen" not in row:
-            tpp.setdefault(config, []).append(row["pooled"])
+    tpp = t0_tokens_per_pass(acceptance)
     out = []
-    for config, values in tpp.items():
+    for config, tokens in tpp.items():
         parts = config.split(" ")
-        if parts[0] == "mtad_exact" or parts[-1] != "T0":
-            continue
         g = int(parts[-2][1:])
         w = int(parts[1][1:]) if parts[0] == "mtad" else 1
         sd = tpp.get(f"vllm_sd_greedy g{g} T0")
         if sd is None:
             continue
-        row = dict(config=config, w=w, g=g, tokens_per_pass=statistics.mean(values))
+        row = dict(config=config, w=w, g=g, tokens_per_pass=tokens)
         speed = lambda f, b, w_, g_, tpp: tokens_per_second(gpu_costs(f), b, w_, g_, tpp)  # noqa: E731
         for f in FRACTIONS:  # over the target alone, batch 1
             row[f"vs target b1 f{f}"] = speed(f, 1, w, g, row["tokens_per_pass"]) / speed(
                 f, 1, 1, 0, 1.0)
         for b in batches:  # over vLLM SD at the same γ (draft fraction 0.1)
             row[f"vs SD b{b} f0.1"] = (speed(0.1, b, w, g, row["tokens_per_pass"])
-                                       / speed(0.1, b, 1, g, statistics.mean(sd)))
+                                       / speed(0.1, b, 1, g, sd))
         out.append(row)
     return out
 

@@ -197,6 +197,31 @@ def test_kernels_core_runs_every_piece(tmp_path):
     assert all(r["eager_us"] > 0 and r["graph"] == "n/a" for r in data["rows"])
 
 
+@pytest.mark.system
+def test_forwards_runs_and_projects_from_measured_parts(tmp_path):
+    """The forward-cost benchmark times a target pass per (requests, tokens each) and a draft
+    forward per rows (tiny shapes on the CPU, no graphs), and --project prices every T=0 rule
+    of the repository's acceptance report from them and the core report's GPU pieces."""
+    out = tmp_path / "out"
+    run_module(["benchmarks.forwards", "--tiny", "--context", "16", "--repeats", "1",
+                "--budget", "0.01", "--out", str(out)], tmp_path)
+    data = json.loads((out / "forwards.json").read_text())
+    assert data["complete"] and data["args"]["modes"] == "plain"
+    target = {(r["batch"], r["tokens_each"]) for r in data["rows"] if r["model"] == "target"}
+    assert target == {(b, t) for b in (1, 4, 16, 64) for t in (1, 5, 9)}
+    assert sorted(r["batch"] for r in data["rows"] if r["model"] == "draft") == [
+        1, 4, 16, 64, 128, 256]
+    assert all(r["ms_min"] <= r["ms"] <= r["ms_max"] for r in data["rows"])
+    run_module(["benchmarks.forwards", "--project", "--out", str(out),
+                "--core", str(ROOT / "benchmarks/reports/core-gpu-h200/core_kernels.json"),
+                "--acceptance", str(ROOT / "benchmarks/reports/acceptance-cpu/acceptance.json")],
+               tmp_path)
+    rows = {r["config"]: r for r in json.loads((out / "projection.json").read_text())["rows"]}
+    assert {"vllm_sd_greedy g8 T0", "fly g8 T0", "mtad w4 g8 T0"} <= set(rows)
+    assert rows["vllm_sd_greedy g4 T0"]["vs SD b16"] == 1.0
+    assert all(r[k] > 0 for r in rows.values() for k in r if k.startswith(("vs", "step")))
+
+
 @pytest.mark.unit
 def test_core_pieces_read_inputs_changed_in_place():
     """What the graph check rests on: every piece reads its inputs when called, so after

@@ -35,3 +35,56 @@ def test_fit_recovers_the_lines_it_was_made_from():
         assert step_seconds(fitted, b, w, g) == pytest.approx(step_seconds(truth, b, w, g))
     with pytest.raises(ValueError, match=">= 4 measured steps"):
         fit_linear_costs([(1, 1, 4, 1.0)] * 3)
+
+
+def parts_for_tests():
+    from benchmarks.lib.projection import MeasuredParts
+
+    # target: 2 ms a pass of one token each, +0.1 ms per extra token each; draft 1 ms + 0.01 ms
+    # a row (measured at 1, 4, 16, 64 rows); beam steps 0.2 ms at 4 rows, 0.4 at 64; MTAD's
+    # acceptance 0.1 ms at batch 1, 0.3 at 16.
+    return MeasuredParts(
+        target={(b, t): 2.0 + 0.1 * (t - 1) for b in (1, 4, 16) for t in (1, 5, 9)},
+        draft={r: 1.0 + 0.01 * r for r in (1, 4, 16, 64)},
+        beam_step={g: {4: 0.2, 64: 0.4} for g in (4, 8)},
+        acceptance={g: {1: 0.1, 16: 0.3} for g in (4, 8)})
+
+
+def test_interpolation_is_piecewise_linear_and_extends_its_end_segments():
+    from benchmarks.lib.projection import interpolate
+
+    points = {1: 1.0, 4: 2.5, 16: 3.0}
+    assert interpolate(points, 4) == 2.5 and interpolate(points, 2) == pytest.approx(1.5)
+    assert interpolate(points, 10) == pytest.approx(2.75)
+    assert interpolate(points, 28) == pytest.approx(3.5)  # past the last point
+    assert interpolate(points, 0) == pytest.approx(0.5)  # before the first
+    assert interpolate({3: 7.0}, 100) == 7.0
+
+
+def test_measured_step_charges_mtad_its_beam_steps_and_acceptance():
+    parts = parts_for_tests()
+    # vLLM SD, B=4, γ=4: target over 4 × 5 tokens, then 4 draft forwards of 4 rows.
+    assert parts.step_ms(4, 1, 4, mtad=False) == pytest.approx(2.4 + 4 * 1.04)
+    # MTAD W=4 the same, but 3 of its draft forwards over 16 rows, 4 beam steps over 16 rows
+    # (0.2 + 0.2 · 12/60) and its acceptance at batch 4 (0.1 + 0.2 · 3/15).
+    assert parts.step_ms(4, 4, 4, mtad=True) == pytest.approx(
+        2.4 + 1.04 + 3 * 1.16 + 4 * 0.24 + 0.14)
+    assert parts.step_ms(16, 1, 0, mtad=False) == 2.0  # the target alone
+    with pytest.raises(KeyError):  # a target pass never measured is not guessed
+        parts.step_ms(2, 1, 4, mtad=False)
+
+
+def test_measured_projection_compares_at_the_same_gamma_and_batch():
+    from benchmarks.lib.projection import measured_projection
+
+    parts = parts_for_tests()
+    tpp = {"vllm_sd_greedy g4 T0": 3.0, "fly g4 T0": 3.3, "mtad w4 g4 T0": 4.0,
+           "mtad w4 g8 T0": 6.0}  # no SD at γ=8: no row
+    rows = {r["config"]: r for r in measured_projection(tpp, parts, batches=(1, 4))}
+    assert set(rows) == {"vllm_sd_greedy g4 T0", "fly g4 T0", "mtad w4 g4 T0"}
+    assert rows["vllm_sd_greedy g4 T0"]["vs SD b4"] == 1.0
+    assert rows["fly g4 T0"]["vs SD b1"] == pytest.approx(1.1)  # same forwards, more tokens
+    sd_step, mtad_step = parts.step_ms(4, 1, 4, False), parts.step_ms(4, 4, 4, True)
+    assert rows["mtad w4 g4 T0"]["step ms b4"] == pytest.approx(mtad_step)
+    assert rows["mtad w4 g4 T0"]["vs SD b4"] == pytest.approx((4.0 / mtad_step) / (3.0 / sd_step))
+    assert rows["mtad w4 g4 T0"]["vs target b4"] == pytest.approx(4 * 4.0 / mtad_step / (4 / 2.0))

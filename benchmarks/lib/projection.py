@@ -68,3 +68,104 @@ def fit_linear_costs(steps: Sequence[tuple[int, int, int, float]]) -> StepCosts:
     coef, *_ = np.linalg.lstsq(np.array(rows), np.array(y), rcond=None)
     a_t, b_t, a_d, b_d = (max(float(c), 0.0) for c in coef)
     return linear_costs((a_t, b_t), (a_d, b_d))
+
+
+# ---- a GPU projection from measured parts (benchmarks.forwards, benchmarks.kernels core) ----
+
+def t0_tokens_per_pass(acceptance: dict) -> dict[str, float]:
+    """Mean tokens per target pass over the prompt sets of every fixed (W, γ) configuration at
+    T=0 in benchmarks.acceptance's JSON ("config | prompt set" -> {"pooled": ...}); the
+    adaptive policy's rows and greedy "exact" MTAD left out."""
+    values: dict[str, list[float]] = {}
+    for key, row in acceptance["rows"].items():
+        config = key.split(" | ")[0]
+        if ("policy_chosen" not in row and config.endswith(" T0")
+                and not config.startswith("mtad_exact")):
+            values.setdefault(config, []).append(row["pooled"])
+    return {c: sum(v) / len(v) for c, v in values.items()}
+
+
+def interpolate(points: dict[float, float], x: float) -> float:
+    """Piecewise-linear through ``points`` (x -> y), extended by the end segments."""
+    xs = sorted(points)
+    if x in points:
+        return points[x]
+    if len(xs) == 1:
+        return points[xs[0]]
+    lo, hi = (xs[0], xs[1]) if x < xs[0] else (xs[-2], xs[-1]) if x > xs[-1] else next(
+        (a, b) for a, b in zip(xs, xs[1:]) if a <= x <= b)
+    return points[lo] + (points[hi] - points[lo]) * (x - lo) / (hi - lo)
+
+
+@dataclass(frozen=True)
+class MeasuredParts:
+    """Milliseconds measured on one GPU: the target's pass over (requests, tokens each), the
+    draft's forward over rows, MTAD's beam step over rows and MTAD's acceptance over
+    (requests, γ)."""
+
+    target: dict  # (requests, tokens each) -> ms
+    draft: dict  # rows -> ms
+    beam_step: dict  # γ -> {rows -> ms}
+    acceptance: dict  # γ -> {requests -> ms}
+
+    @classmethod
+    def from_reports(cls, forwards: dict, core: dict, mode: str | None = None
+                     ) -> "MeasuredParts":
+        """From benchmarks.forwards' JSON (its ``mode`` rows; by default "compiled" where it
+        has them, else "plain") and benchmarks.kernels core's (its graph replays)."""
+        if mode is None:
+            modes = {r["mode"] for r in forwards["rows"] if "ms" in r}
+            mode = "compiled" if "compiled" in modes else "plain"
+        rows = [r for r in forwards["rows"] if r["mode"] == mode and "ms" in r]
+        beam: dict = {}
+        accept: dict = {}
+        for r in core["rows"]:
+            if "graph_us" not in r:
+                continue
+            if r["piece"].startswith("beam step"):
+                beam.setdefault(r["gamma"], {})[r["rows"]] = r["graph_us"] / 1e3
+            elif r["piece"] == "MTAD acceptance":
+                accept.setdefault(r["gamma"], {})[r["batch"]] = r["graph_us"] / 1e3
+        return cls(target={(r["batch"], r["tokens_each"]): r["ms"] for r in rows
+                           if r["model"] == "target"},
+                   draft={r["batch"]: r["ms"] for r in rows if r["model"] == "draft"},
+                   beam_step=beam, acceptance=accept)
+
+    def step_ms(self, batch: int, width: int, gamma: int, mtad: bool) -> float:
+        """One step of B requests: the target alone (γ = 0), or a target pass over γ + 1 tokens
+        each, the draft's first pass over B rows and γ − 1 forwards over B·W rows; MTAD also
+        pays a beam step per draft token and its acceptance. (vLLM SD and FLy are charged
+        nothing beside their forwards.) The target pass must have been measured at exactly
+        (B, γ + 1); the other parts are interpolated."""
+        if gamma == 0:
+            return self.target[(batch, 1)]
+        ms = (self.target[(batch, gamma + 1)] + interpolate(self.draft, batch)
+              + (gamma - 1) * interpolate(self.draft, batch * width))
+        if mtad:
+            ms += (gamma * interpolate(self.beam_step[gamma], batch * width)
+                   + interpolate(self.acceptance[gamma], batch))
+        return ms
+
+
+def measured_projection(tokens_per_pass: dict[str, float], parts: MeasuredParts,
+                        batches=(1, 4, 16)) -> list[dict]:
+    """Per T=0 configuration ("vllm_sd_greedy g4 T0", "fly g8 T0", "mtad w4 g8 T0", ...) and
+    batch: step ms, and tokens per second over the target alone and over vLLM SD at the same γ."""
+    out = []
+    for config, tpp in tokens_per_pass.items():
+        parts_of = config.split(" ")
+        g = int(parts_of[-2][1:])
+        mtad = parts_of[0] == "mtad"
+        w = int(parts_of[1][1:]) if mtad else 1
+        sd = tokens_per_pass.get(f"vllm_sd_greedy g{g} T0")
+        if sd is None:
+            continue
+        row = dict(config=config, w=w, g=g, tokens_per_pass=tpp)
+        for b in batches:
+            step = parts.step_ms(b, w, g, mtad)
+            speed = b * tpp / step
+            row[f"step ms b{b}"] = step
+            row[f"vs target b{b}"] = speed / (b / parts.step_ms(b, 1, 0, False))
+            row[f"vs SD b{b}"] = speed / (b * sd / parts.step_ms(b, 1, g, False))
+        out.append(row)
+    return out
