@@ -107,7 +107,8 @@ class Decoder:
         self.cos, self.sin = angles.cos().to(dtype), angles.sin().to(dtype)
 
     def forward(self, ids, mask):
-        """ids [R, t] int64; mask [t, context + t] bool (True: attend). Returns [R, t, V]."""
+        """ids [R, t] int64; mask [t, context + t] bool (True: attend), or None. Returns
+        [R, t, V]."""
         s, c = self.shape, self.context
         t = ids.shape[1]
         cos = self.cos[c:c + t].repeat(1, 2)
@@ -158,8 +159,12 @@ def _rms(x, weight, eps: float = 1e-6):
 
 
 def causal_mask(context: int, t: int, device):
+    """[t, context + t] bool, new token i sees the context and new tokens up to i; None for one
+    token (it sees everything), so that attention may take a kernel without masks."""
     import torch
 
+    if t == 1:
+        return None
     cols = torch.arange(context + t, device=device)
     return cols[None, :] <= (context + torch.arange(t, device=device))[:, None]
 

@@ -59,10 +59,15 @@ def test_an_int_step_keys_as_the_same_step_in_a_tensor():
     graph cannot capture); the keys are the ones a [B] tensor of that step gives, for steps
     past 32 bits too."""
     seeds, pos = torch.tensor([7, 1 << 40, 3]), torch.tensor([3, 9, 1 << 33])
+    import numpy as np
+
     for step in (0, 2, 7, (1 << 32) + 5):
         as_int = noise.row_keys(seeds, pos, step, noise.STREAM_DRAFT)
         as_tensor = noise.row_keys(seeds, pos, torch.full((3,), step), noise.STREAM_DRAFT)
         assert torch.equal(as_int, as_tensor)
+        assert torch.equal(as_int, noise.row_keys(seeds, pos, np.int64(step), noise.STREAM_DRAFT))
+        assert torch.equal(as_int, noise.row_keys(seeds, pos, torch.tensor(step),
+                                                  noise.STREAM_DRAFT))  # a 0-d tensor
     assert not torch.equal(noise.row_keys(seeds, pos, 2, noise.STREAM_DRAFT),
                            noise.row_keys(seeds, pos, 3, noise.STREAM_DRAFT))
 

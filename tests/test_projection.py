@@ -65,10 +65,11 @@ def test_measured_step_charges_mtad_its_beam_steps_and_acceptance():
     parts = parts_for_tests()
     # vLLM SD, B=4, γ=4: target over 4 × 5 tokens, then 4 draft forwards of 4 rows.
     assert parts.step_ms(4, 1, 4, mtad=False) == pytest.approx(2.4 + 4 * 1.04)
-    # MTAD W=4 the same, but 3 of its draft forwards over 16 rows, 4 beam steps over 16 rows
-    # (0.2 + 0.2 · 12/60) and its acceptance at batch 4 (0.1 + 0.2 · 3/15).
+    # MTAD W=4 the same, but 3 of its draft forwards over 16 rows; a beam step over the first
+    # pass's 4 rows (0.2), 3 over 16 rows (0.2 + 0.2 · 12/60) and its acceptance at batch 4
+    # (0.1 + 0.2 · 3/15).
     assert parts.step_ms(4, 4, 4, mtad=True) == pytest.approx(
-        2.4 + 1.04 + 3 * 1.16 + 4 * 0.24 + 0.14)
+        2.4 + 1.04 + 3 * 1.16 + 0.2 + 3 * 0.24 + 0.14)
     assert parts.step_ms(16, 1, 0, mtad=False) == 2.0  # the target alone
     with pytest.raises(KeyError):  # a target pass never measured is not guessed
         parts.step_ms(2, 1, 4, mtad=False)
@@ -88,3 +89,28 @@ def test_measured_projection_compares_at_the_same_gamma_and_batch():
     assert rows["mtad w4 g4 T0"]["step ms b4"] == pytest.approx(mtad_step)
     assert rows["mtad w4 g4 T0"]["vs SD b4"] == pytest.approx((4.0 / mtad_step) / (3.0 / sd_step))
     assert rows["mtad w4 g4 T0"]["vs target b4"] == pytest.approx(4 * 4.0 / mtad_step / (4 / 2.0))
+    # Its forwards alone: the same step without the beam steps and the acceptance.
+    assert rows["mtad w4 g4 T0"]["vs SD b4, forwards only"] == pytest.approx(
+        (4.0 / (mtad_step - 0.2 - 3 * 0.24 - 0.14)) / (3.0 / sd_step))
+    assert rows["fly g4 T0"]["vs SD b4, forwards only"] == rows["fly g4 T0"]["vs SD b4"]
+
+
+def test_measured_parts_average_the_core_pieces_at_the_same_rows():
+    """W=4 × 64 and W=8 × 32 are both 256 rows: their beam steps are averaged, not one
+    overwriting the other."""
+    from benchmarks.lib.projection import MeasuredParts
+
+    forwards = {"rows": [{"mode": "plain", "model": "draft", "batch": 1, "tokens_each": 1,
+                          "ms": 1.0}]}
+    core = {"rows": [
+        {"piece": "beam step (sparse), step γ", "gamma": 8, "rows": 256, "batch": 64,
+         "graph_us": 600.0},
+        {"piece": "beam step (sparse), step γ", "gamma": 8, "rows": 256, "batch": 32,
+         "graph_us": 700.0},
+        {"piece": "MTAD acceptance", "gamma": 8, "rows": 256, "batch": 64, "graph_us": 500.0},
+        {"piece": "best beam", "gamma": 8, "rows": 4, "batch": 1, "graph_us": 7.0},
+        {"piece": "MTAD acceptance", "gamma": 4, "rows": 4, "batch": 1}]}  # no graph: skipped
+    parts = MeasuredParts.from_reports(forwards, core)
+    assert parts.beam_step == {8: {256: pytest.approx(0.65)}}
+    assert parts.acceptance == {8: {64: pytest.approx(0.5)}}
+    assert parts.draft == {1: 1.0} and parts.target == {}

@@ -122,27 +122,34 @@ class MeasuredParts:
         for r in core["rows"]:
             if "graph_us" not in r:
                 continue
-            if r["piece"].startswith("beam step"):
-                beam.setdefault(r["gamma"], {})[r["rows"]] = r["graph_us"] / 1e3
+            if r["piece"].startswith("beam step"):  # by rows (B·W), whatever the split
+                beam.setdefault(r["gamma"], {}).setdefault(r["rows"], []).append(r["graph_us"])
             elif r["piece"] == "MTAD acceptance":
-                accept.setdefault(r["gamma"], {})[r["batch"]] = r["graph_us"] / 1e3
+                accept.setdefault(r["gamma"], {}).setdefault(r["batch"], []).append(
+                    r["graph_us"])
+
+        def ms(by):  # γ -> {x -> mean ms}
+            return {g: {x: sum(v) / len(v) / 1e3 for x, v in pts.items()} for g, pts in by.items()}
+
         return cls(target={(r["batch"], r["tokens_each"]): r["ms"] for r in rows
                            if r["model"] == "target"},
                    draft={r["batch"]: r["ms"] for r in rows if r["model"] == "draft"},
-                   beam_step=beam, acceptance=accept)
+                   beam_step=ms(beam), acceptance=ms(accept))
 
     def step_ms(self, batch: int, width: int, gamma: int, mtad: bool) -> float:
         """One step of B requests: the target alone (γ = 0), or a target pass over γ + 1 tokens
         each, the draft's first pass over B rows and γ − 1 forwards over B·W rows; MTAD also
-        pays a beam step per draft token and its acceptance. (vLLM SD and FLy are charged
-        nothing beside their forwards.) The target pass must have been measured at exactly
-        (B, γ + 1); the other parts are interpolated."""
+        pays a beam step per draft token (the first over the first pass's B rows, the others
+        over B·W) and its acceptance. (vLLM SD and FLy are charged nothing beside their
+        forwards.) The target pass must have been measured at exactly (B, γ + 1); the other
+        parts are interpolated."""
         if gamma == 0:
             return self.target[(batch, 1)]
         ms = (self.target[(batch, gamma + 1)] + interpolate(self.draft, batch)
               + (gamma - 1) * interpolate(self.draft, batch * width))
         if mtad:
-            ms += (gamma * interpolate(self.beam_step[gamma], batch * width)
+            beam = self.beam_step[gamma]
+            ms += (interpolate(beam, batch) + (gamma - 1) * interpolate(beam, batch * width)
                    + interpolate(self.acceptance[gamma], batch))
         return ms
 
@@ -167,5 +174,8 @@ def measured_projection(tokens_per_pass: dict[str, float], parts: MeasuredParts,
             row[f"step ms b{b}"] = step
             row[f"vs target b{b}"] = speed / (b / parts.step_ms(b, 1, 0, False))
             row[f"vs SD b{b}"] = speed / (b * sd / parts.step_ms(b, 1, g, False))
+            # MTAD's beam steps and acceptance left out: what its forwards alone would give
+            row[f"vs SD b{b}, forwards only"] = (b * tpp / parts.step_ms(b, w, g, False)) / (
+                b * sd / parts.step_ms(b, 1, g, False))
         out.append(row)
     return out

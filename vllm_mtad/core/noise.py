@@ -71,7 +71,7 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor, step: int | torch.Ten
     Args:
         seeds: [num_rows] int64, any value (all 64 bits are used).
         positions: [num_rows] int64, the sequence position the noise is for.
-        step: int or [num_rows] int64, the draft step (1..γ) or another counter.
+        step: an integer or a [num_rows] tensor, the draft step (1..γ) or another counter.
         stream: int, one of the ``STREAM_*`` tags.
     Returns:
         [num_rows] int64 holding values in [0, 2**32).
@@ -80,8 +80,8 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor, step: int | torch.Ten
     h = torch.full_like(seeds, 0x9E3779B9 ^ stream)
     # An int step stays a Python scalar: a tensor made from it would be a host-to-device copy,
     # which a CUDA graph cannot capture (benchmarks.kernels core).
-    step_part = (step & _MASK32 if isinstance(step, int)
-                 else step.to(torch.int64) & _MASK32)
+    step_part = (step.to(device=seeds.device, dtype=torch.int64) & _MASK32
+                 if isinstance(step, torch.Tensor) else int(step) & _MASK32)
     for part in (seeds & _MASK32, (seeds >> 32) & _MASK32,
                  positions.to(torch.int64) & _MASK32, step_part):
         h = mix32(((h ^ part) + 0x6A09E667) & _MASK32)
