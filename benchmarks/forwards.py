@@ -32,6 +32,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from benchmarks.lib.graphs import capture, clock
 from benchmarks.lib.report import markdown_table, write_outputs
 from devtools.engine import cpu_model_and_flags
 
@@ -179,35 +180,14 @@ def time_forward(model: Decoder, rows: int, t: int, device, repeats: int, budget
     mask = causal_mask(model.context, t, device)
     call = lambda: model.forward(ids, mask)  # noqa: E731
     if device.type == "cuda":
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                call()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = call()
+        graph, out = capture(call, warmups=2)
         graph.replay()
         torch.cuda.synchronize()
         assert torch.isfinite(out.float()).all(), "the forward's logits are not finite"
         call = graph.replay
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    call()
-    sync()
-    t0 = time.perf_counter()
-    call()
-    sync()
-    once = time.perf_counter() - t0
+    once = clock(call, device, 1)
     n = max(1, min(200, int(budget_s / max(once, 1e-6) / repeats)))
-    times = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            call()
-        sync()
-        times.append((time.perf_counter() - t0) / n * 1e3)
+    times = [clock(call, device, n) * 1e3 for _ in range(repeats)]
     return {"ms": statistics.median(times), "ms_min": min(times), "ms_max": max(times),
             "calls": n}
 

@@ -17,6 +17,7 @@ import random
 import statistics
 import time
 
+from benchmarks.lib.graphs import capture, clock
 from benchmarks.lib.report import environment, markdown_table, write_outputs
 from benchmarks.lib.runner import run_view
 from devtools.engine import cpu_model_and_flags
@@ -339,36 +340,6 @@ def change_inputs(x: dict) -> None:
     x["positions"].add_(5)
     x["state"].scores.copy_(x["state"].scores.roll(1, dims=-1) - 0.5)
     x["bonus"].add_(1)
-
-
-def clock(call, device, calls: int) -> float:
-    """Seconds per call, ``calls`` back to back, synchronised before and after."""
-    import torch
-
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        call()
-    sync()
-    return (time.perf_counter() - t0) / calls
-
-
-def capture(fn):
-    """(graph, its output tensors) for ``fn`` after three warm-up calls on a side stream
-    (compilation, the allocator)."""
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
 
 
 def core_config(batch: int, width: int, gamma: int, vocab: int, device, repeats: int,
