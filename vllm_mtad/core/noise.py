@@ -177,7 +177,8 @@ def gumbel_at(keys: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     gumbel(keys, n)[r, cols[r, j]]``; see :func:`uniform_at`.
 
     On CUDA it always runs compiled (one kernel instead of some fifty launches); elsewhere from
-    the dense kernel's threshold on, which a step's candidates (B·W·K values) stay below.
+    the dense kernel's threshold on (2**15 values by default: a step's B·W·K candidates stay
+    below it unless top-k is large, e.g. 16 requests × 4 beams need K > 512).
     """
     if keys.device.type == "cuda" or cols.numel() >= envs.noise_compile_min_elements():
         return _compiled_or_eager("_compiled_at", _gumbel_at_eager, keys, cols)
