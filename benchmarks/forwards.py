@@ -295,14 +295,14 @@ def project(args) -> None:
     import json
     from pathlib import Path
 
-    from benchmarks.lib.projection import MeasuredParts, measured_projection, t0_tokens_per_pass
+    from benchmarks.lib.projection import (MeasuredParts, forwards_mode, measured_projection,
+                                           t0_tokens_per_pass)
 
     out = Path(args.out) if args.out else None
     forwards = json.loads(((out or Path("benchmarks/results")) / "forwards.json").read_text())
     core = json.loads(Path(args.core).read_text())
     acceptance = json.loads(Path(args.acceptance).read_text())
-    modes = {r["mode"] for r in forwards["rows"] if "ms" in r}
-    mode = "compiled" if "compiled" in modes else "plain"
+    mode = forwards_mode(forwards)
     parts = MeasuredParts.from_reports(forwards, core, mode)
     rows = measured_projection(t0_tokens_per_pass(acceptance), parts)
     checks = assumptions(parts)

@@ -74,17 +74,8 @@ W = 4
 
 def timed(fn, device, repeats: int) -> float:
     """Median seconds of ``repeats`` calls after one warm-up call."""
-    import torch
-
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
+    clock(fn, device, 1)
+    times = [clock(fn, device, 1) for _ in range(repeats)]
     return sorted(times)[len(times) // 2]
 
 
@@ -345,8 +336,6 @@ def change_inputs(x: dict) -> None:
 def core_config(batch: int, width: int, gamma: int, vocab: int, device, repeats: int,
                 budget_s: float, check_cpu: bool) -> list[dict]:
     """One row per piece of one (B, W, γ) configuration."""
-    import statistics
-
     import torch
 
     x = core_inputs(batch, width, gamma, vocab, device)
@@ -429,6 +418,13 @@ def core_main(argv=None):
                ("eager_us", "eager µs"), ("graph_us", "graph µs"),
                ("eager_over_graph", "eager/graph"), ("graph", "replay = eager")]
     rows = []
+
+    def save(complete: bool):  # after every configuration: a stopped run keeps its rows
+        return write_outputs("core_kernels", {
+            "benchmark": "core_kernels", "vocab_size": args.vocab, "args": vars(args),
+            "environment": env, "complete": complete, "rows": rows},
+            markdown_table(rows, columns), args.out)
+
     for i, (b, w) in enumerate(configs):
         for gamma in gammas:
             t0 = time.perf_counter()
@@ -439,15 +435,9 @@ def core_main(argv=None):
                               else "equal" if r.get("replay_equals_eager") else "DIFFERS")
             rows += new
             print(f"B={b} W={w} γ={gamma}: {time.perf_counter() - t0:.1f} s", flush=True)
-            # written after every configuration: a run stopped by a time limit keeps its rows
-            table = markdown_table(rows, columns)
-            out = write_outputs("core_kernels", {
-                "benchmark": "core_kernels", "vocab_size": args.vocab, "args": vars(args),
-                "environment": env, "complete": False, "rows": rows}, table, args.out)
-    write_outputs("core_kernels", {"benchmark": "core_kernels", "vocab_size": args.vocab,
-                                   "args": vars(args), "environment": env, "complete": True,
-                                   "rows": rows}, table, args.out)
-    print(table)
+            save(False)
+    out = save(True)
+    print(markdown_table(rows, columns))
     problems = [r for r in rows if "error" in r or r["graph"] in ("error", "DIFFERS")
                 or r.get("matches_cpu") is False]
     for r in problems:

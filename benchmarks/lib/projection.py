@@ -97,6 +97,13 @@ def interpolate(points: dict[float, float], x: float) -> float:
     return points[lo] + (points[hi] - points[lo]) * (x - lo) / (hi - lo)
 
 
+def forwards_mode(forwards: dict) -> str:
+    """The forwards a projection uses from benchmarks.forwards' JSON: "compiled" where it
+    measured them (closer to vLLM's fused kernels), else "plain"."""
+    modes = {r["mode"] for r in forwards["rows"] if "ms" in r}
+    return "compiled" if "compiled" in modes else "plain"
+
+
 @dataclass(frozen=True)
 class MeasuredParts:
     """Milliseconds measured on one GPU: the target's pass over (requests, tokens each), the
@@ -113,9 +120,7 @@ class MeasuredParts:
                      ) -> "MeasuredParts":
         """From benchmarks.forwards' JSON (its ``mode`` rows; by default "compiled" where it
         has them, else "plain") and benchmarks.kernels core's (its graph replays)."""
-        if mode is None:
-            modes = {r["mode"] for r in forwards["rows"] if "ms" in r}
-            mode = "compiled" if "compiled" in modes else "plain"
+        mode = mode or forwards_mode(forwards)
         rows = [r for r in forwards["rows"] if r["mode"] == mode and "ms" in r]
         beam: dict = {}
         accept: dict = {}
