@@ -36,8 +36,9 @@ from pathlib import Path
 from benchmarks.acceptance import (build, configurations, engine_dtype, prepare,
                                    sampling_params)
 from benchmarks.lib.engines import select_everywhere, selection_counts
-from benchmarks.lib.projection import (fit_linear_costs, gpu_costs, step_seconds,
-                                       t0_tokens_per_pass, tokens_per_second)
+from benchmarks.lib.projection import (fit_linear_costs, gpu_costs, sd_vocab_row_seconds,
+                                       step_seconds, t0_tokens_per_pass, tokens_per_second,
+                                       vocab_rows)
 from benchmarks.lib.prompts import HALF, humaneval_prompts
 from benchmarks.lib.report import RESULTS, code_commit, code_version, environment, write_outputs
 from benchmarks.lib.runner import generate_in_batches, per_request_acceptance
@@ -46,6 +47,9 @@ from devtools.engine import close, release_memory
 from devtools.models import grid_parser, number_list, parse_grid, resolve_pair
 
 FRACTIONS = (0.05, 0.1, 0.2, 0.3)  # the GPU draft forward, as a fraction of a target pass
+# vLLM SD's own T=1 work against the MTAD engine's, phase by phase, batch 1 and 4 (Intel Xeon)
+SD_PROFILES = tuple(Path("benchmarks/reports/step-phases-cpu") / d / "step_phases.json"
+                    for d in ("t1-w1-one-chain", "t1-w1-b4"))
 
 
 # This program and acceptance's engines, beside report.code_version's defaults.
@@ -173,7 +177,7 @@ def summarise(runs: list[dict], configs: list[dict]) -> list[dict]:
     return rows
 
 
-def cpu_model_check(rows: list[dict]) -> dict:
+def cpu_model_check(rows: list[dict], sd_row_s: float = 0.0) -> dict:
     """Fit the cost lines to the MTAD engine's rows (FLy and MTAD: seconds per engine step),
     predict every vLLM SD row's tok/s from its tokens per decoding step, and every MTAD-engine
     row's ratio against SD from the predictions; say whether each measured ratio's [min, max]
@@ -183,15 +187,22 @@ def cpu_model_check(rows: list[dict]) -> dict:
     ``--tokens`` and a batch takes as many steps as its slowest request. (Measured: FLy γ=8,
     batch 4, 7.88 tokens a pass and 6.20 a step, 5 steps; vLLM SD 6.09 a pass and 3.88 a step,
     8 steps: 1.60x the steps' worth, not 1.29x.) The tokens per step are what the run made of
-    its steps, on any machine."""
+    its steps, on any machine.
+
+    ``sd_row_s``: seconds of vLLM SD's own work beyond the MTAD engine's per full-vocabulary row
+    at T > 0 (projection.sd_vocab_row_seconds, from a phase profile of the same machine kind);
+    each vLLM SD step at T > 0 is charged it over projection.vocab_rows. 0: forwards only."""
     mtad = [r for r in rows if r["engine"] == "mtad"]
     costs = fit_linear_costs([(r["batch"], r["w"], r["g"], r["step_s"]) for r in mtad])
-    predicted = {}
-    for r in rows:
-        if r["engine"] == "target":
-            continue
-        predicted[(r["config"], r["batch"])] = tokens_per_second(
-            costs, r["batch"], r["w"], r["g"], r["tokens_per_step"])
+
+    def own(r):  # vLLM SD's full-vocabulary work at T > 0, seconds a step
+        return (sd_row_s * vocab_rows(r["batch"], r["g"])
+                if r["engine"].startswith("vllm_sd") and r["t"] > 0 else 0.0)
+
+    step = {(r["config"], r["batch"]): step_seconds(costs, r["batch"], r["w"], r["g"]) + own(r)
+            for r in rows if r["engine"] != "target"}
+    predicted = {(r["config"], r["batch"]): r["batch"] * r["tokens_per_step"]
+                 / step[(r["config"], r["batch"])] for r in rows if r["engine"] != "target"}
     checks = []
     for r in rows:
         if r["engine"] != "mtad" or r["vs_sd"] is None:
@@ -204,14 +215,28 @@ def cpu_model_check(rows: list[dict]) -> dict:
                            error=r["vs_sd"]["median"] / want - 1))
     sd_rows = [dict(config=r["config"], batch=r["batch"], measured=r["tok_s"],
                     predicted=predicted[(r["config"], r["batch"])],
-                    step_s=r["step_s"], predicted_step_s=step_seconds(costs, r["batch"], r["w"],
-                                                                      r["g"]))
+                    step_s=r["step_s"], predicted_step_s=step[(r["config"], r["batch"])],
+                    own_s=own(r))
                for r in rows if r["engine"].startswith("vllm_sd")]
     a_t, b_t = costs.target(0), costs.target(1) - costs.target(0)
     a_d, b_d = costs.draft(0), costs.draft(1) - costs.draft(0)
     return dict(lines={"target": [a_t, b_t], "draft": [a_d, b_d]},
-                draft_fraction_batch1=costs.draft(1) / costs.target(2),
+                draft_fraction_batch1=costs.draft(1) / costs.target(2), sd_row_s=sd_row_s,
                 ratios=checks, sd=sd_rows, same_forwards=same_forwards(rows))
+
+
+def sd_own_work(paths: list[Path], env: dict) -> dict:
+    """The per-row price of vLLM SD's own T>0 work from the phase profiles at ``paths`` that
+    ran on the runs' machine kind (CPU model and flags); ``used`` False, and why, otherwise:
+    that work is a property of the machine, and a profile from another says nothing of it."""
+    kind = lambda e: (e.get("cpu_model"), sorted(e.get("cpu_flags") or []))  # noqa: E731
+    found = [(p, json.loads(p.read_text())) for p in paths if p.exists()]
+    mine = [(p, prof) for p, prof in found if kind(prof["environment"]) == kind(env)]
+    if not mine:
+        return dict(used=False, why=f"no profile of this machine kind among {len(found)} found "
+                    f"of {len(paths)} named", profiles=[str(p) for p in paths])
+    return dict(used=True, profiles=[str(p) for p, _ in mine],
+                **sd_vocab_row_seconds([prof for _, prof in mine]))
 
 
 def same_forwards(rows: list[dict]) -> list[dict]:
@@ -265,8 +290,18 @@ def markdown(rows, check, projection) -> str:
                      f"{r['step_s']:.3f} | "
                      f"{cell(r['vs_sd']) if r['vs_sd'] else '–'} | "
                      f"{cell(r['vs_sd_whole_run']) if r.get('vs_sd_whole_run') else '–'} |")
+    own = check.get("sd_own_work") or {}
     lines += ["", "Cost model on this CPU (fitted to the MTAD engine's decoding steps; SD "
-              "predicted from the same forwards; decode ratios, tokens per step):", "",
+              "predicted from the same forwards; decode ratios, tokens per step):", ""]
+    if own.get("used"):
+        lines += [f"vLLM SD's own work at T>0 beyond the MTAD engine's: "
+                  f"{own['per_row_s'] * 1e3:.2f} ms a full-vocabulary row, B·(2γ+1) rows a step "
+                  f"(median of {len(own['pairs'])} profiled pairs, "
+                  f"{own['range'][0] * 1e3:.2f}–{own['range'][1] * 1e3:.2f}; "
+                  + ", ".join(own["profiles"]) + ").", ""]
+    elif own:
+        lines += [f"vLLM SD's own work at T>0 not priced: {own['why']}.", ""]
+    lines += [
               "| configuration | batch | measured vs SD [min, max] | predicted | measured / "
               "predicted − 1 | within |", "|---|---|---|---|---|---|"]
     for c in check["ratios"]:
@@ -285,11 +320,12 @@ def markdown(rows, check, projection) -> str:
         lines += [f"| {s['cell']} | {s['batch']} | {s['fly_over_w1']:.2f} |"
                   for s in check["same_forwards"]]
     lines += ["", "vLLM SD's decoding step, measured and as the MTAD engine's costs predict it:",
-              "", "| configuration | batch | s / step measured | predicted | measured / predicted |",
-              "|---|---|---|---|---|"]
+              "", "| configuration | batch | s / step measured | predicted | of which SD's own "
+              "work | measured / predicted |", "|---|---|---|---|---|---|"]
     for sd in check["sd"]:
         lines.append(f"| {sd['config']} | {sd['batch']} | {sd['step_s']:.3f} | "
-                     f"{sd['predicted_step_s']:.3f} | {sd['step_s'] / sd['predicted_step_s']:.2f} |")
+                     f"{sd['predicted_step_s']:.3f} | {sd.get('own_s', 0.0):.3f} | "
+                     f"{sd['step_s'] / sd['predicted_step_s']:.2f} |")
     if projection:
         heads = [k for k in projection[0] if k.startswith("vs ")]
         lines += ["", "GPU projection (a model, not a measurement; T=0, tokens per pass "
@@ -319,6 +355,10 @@ def main(argv=None) -> None:
                     default=Path("benchmarks/reports/acceptance-cpu/acceptance.json"))
     ap.add_argument("--out", type=Path, default=RESULTS / "rules-speed")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--sd-profiles", type=Path, nargs="*", default=list(SD_PROFILES),
+                    help="benchmarks.phases step JSONs (T=1, one chain) that price vLLM SD's own "
+                    "T>0 work per full-vocabulary row; used only when their CPU model and flags "
+                    "are the runs' (none: forwards only)")
     args = parse_grid(ap, argv)
     if args.tokens < 2:
         ap.error(f"--tokens {args.tokens}: at least 2 (a run's first token is its prefill's; "
@@ -343,7 +383,9 @@ def main(argv=None) -> None:
                                     "environment": env, "dtype": args.dtype,
                                     "code_version": version, "commit": commit}, indent=1))
     rows = summarise(runs, speed_configs(args.gammas, args.widths))
-    check = cpu_model_check(rows)
+    sd_own = sd_own_work(args.sd_profiles, env)
+    check = cpu_model_check(rows, sd_own["per_row_s"] if sd_own.get("used") else 0.0)
+    check["sd_own_work"] = sd_own
     projection = (gpu_projection(json.loads(args.acceptance.read_text()))
                   if args.acceptance.exists() else [])
     table = markdown(rows, check, projection)

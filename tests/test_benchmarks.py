@@ -648,6 +648,58 @@ def test_rules_speed_cost_model_check_reproduces_a_machine_made_by_the_model():
 
 
 @pytest.mark.unit
+def test_rules_speed_check_charges_vllm_sd_its_measured_full_vocabulary_work_at_t1(tmp_path):
+    """At T=1 vLLM SD pays its own work over B·(2γ+1) full-vocabulary rows beside the same
+    forwards: on a machine made so, the check holds every T=1 ratio with that per-row price
+    and misses them without it; T=0 rows are never charged; a profile of another machine kind
+    is not used."""
+    from benchmarks.lib.projection import linear_costs, vocab_rows
+    from benchmarks.rules_speed import cpu_model_check, sd_own_work
+
+    tpp = {"vllm_sd_greedy g4 T0": 3.9, "vllm_sd_greedy g8 T0": 5.8, "fly g4 T0": 4.2,
+           "fly g8 T0": 6.9, "mtad w1 g4 T0": 4.4, "mtad w4 g4 T0": 4.7, "mtad w1 g8 T0": 6.6,
+           "mtad w4 g8 T0": 7.8}
+    rows = _rows_from(linear_costs((0.30, 0.004), (0.06, 0.003)), tpp)
+    t1 = [dict(r, config=r["config"].replace("T0", "T1").replace("_greedy", ""), t=1.0,
+               engine=r["engine"].replace("_greedy", ""), sd=r["sd"].replace("T0", "T1")
+               .replace("_greedy", "")) for r in rows]
+    row_s = 0.002
+    by = {}
+    for r in t1:
+        if r["engine"].startswith("vllm_sd"):  # SD's step dearer by its own work
+            r["step_s"] += row_s * vocab_rows(r["batch"], r["g"])
+            r["tok_s"] = {"median": r["batch"] * r["tokens_per_step"] / r["step_s"]}
+        by[(r["config"], r["batch"])] = r["tok_s"]["median"]
+    for r in t1:
+        if r["vs_sd"]:
+            ratio = by[(r["config"], r["batch"])] / by[(r["sd"], r["batch"])]
+            r["vs_sd"] = {"median": ratio, "min": ratio * 0.99, "max": ratio * 1.01}
+    priced = cpu_model_check(rows + t1, sd_row_s=row_s)
+    assert all(c["within"] and abs(c["error"]) < 1e-9 for c in priced["ratios"])
+    assert {sd["config"]: sd["own_s"] > 0 for sd in priced["sd"]} == {
+        "vllm_sd_greedy g4 T0": False, "vllm_sd_greedy g8 T0": False, "vllm_sd g4 T1": True,
+        "vllm_sd g8 T1": True}
+    unpriced = cpu_model_check(rows + t1)  # forwards only: SD priced too cheap at T=1
+    assert all(c["within"] == c["config"].endswith("T0") for c in unpriced["ratios"])
+
+    def profile(cpu):
+        runs = [dict(engine=e, repeat=0, ms_per_step=dict(target_forward=1.0, draft_forward=1.0,
+                                                          whole_step=2.0 + own))
+                for e, own in (("vllm_sd", 20.0), ("mtad", 2.0))]
+        path = tmp_path / f"{cpu}.json"
+        path.write_text(json.dumps(dict(args=dict(cell="T=1", batch=1, gamma=4, width=1),
+                                        runs=runs, environment=dict(cpu_model=cpu,
+                                                                    cpu_flags=["avx2"]))))
+        return path
+
+    here = dict(cpu_model="ours", cpu_flags=["avx2"])
+    used = sd_own_work([profile("ours"), profile("theirs")], here)
+    assert used["used"] and used["per_row_s"] == pytest.approx(0.002)
+    assert used["profiles"] == [str(tmp_path / "ours.json")]
+    assert not sd_own_work([profile("theirs"), tmp_path / "missing.json"], here)["used"]
+
+
+@pytest.mark.unit
 def test_gpu_projection_prices_beams_free_until_the_bound():
     """At batch 1 every rule pays SD's costs at the same γ (beam rows free), so the speedup over
     SD is the ratio of tokens per pass; at batch 16, W=8 passes 64 rows and pays for them."""

@@ -7,11 +7,14 @@ B·(γ + 1) tokens, the draft's first pass over B rows and γ − 1 beam steps o
 yields B · (tokens per pass) tokens. vLLM SD and FLy draft one chain (W = 1); the target alone
 runs one pass over B tokens per token. Host work beside the forwards (scheduling, the
 acceptance rule, MTAD's beam bookkeeping) is not a term of its own: on this CPU it falls into
-the fitted intercepts, on a GPU it is assumed hidden.
+the fitted intercepts, on a GPU it is assumed hidden. One exception on the CPU: vLLM SD's
+full-vocabulary work at T > 0, which the MTAD engine's steps do not hold, is priced per row
+from a phase profile (``sd_vocab_row_seconds``).
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -68,6 +71,52 @@ def fit_linear_costs(steps: Sequence[tuple[int, int, int, float]]) -> StepCosts:
     coef, *_ = np.linalg.lstsq(np.array(rows), np.array(y), rcond=None)
     a_t, b_t, a_d, b_d = (max(float(c), 0.0) for c in coef)
     return linear_costs((a_t, b_t), (a_d, b_d))
+
+
+
+# ---- vLLM SD's own work at T > 0, measured by benchmarks.phases step ----
+
+OWN_FORWARDS = ("target_forward", "draft_forward")
+
+
+def vocab_rows(batch: int, gamma: int) -> int:
+    """Full-vocabulary rows vLLM SD works over in one T > 0 step: it draws each of the γ draft
+    tokens from the draft's whole distribution (B rows a draft step) and its rejection sampler
+    takes the target's and the draft's probabilities over B·(γ + 1) rows. The MTAD engine (FLy
+    and MTAD alike) works on the k-selection's candidates instead."""
+    return batch * (2 * gamma + 1)
+
+
+def sd_vocab_row_seconds(profiles: Sequence[dict]) -> dict:
+    """What vLLM SD's own work (every phase but the two forwards) costs at T > 0 beyond the MTAD
+    engine's, per full-vocabulary row (``vocab_rows``), from benchmarks.phases step's JSON: one
+    value per pair of runs with the same repeat (one engine each), then their median. Seconds.
+
+    The cost model's lines are fitted to the MTAD engine's steps, so they hold that engine's own
+    work; this is what vLLM SD does beyond it, measured phase by phase rather than fitted to the
+    ratios the model predicts. Each profile must be at T > 0 with one chain (W = 1)."""
+    pairs = []
+    for prof in profiles:
+        args = prof["args"]
+        if args.get("width") != 1 or "T=0" in str(args.get("cell")):
+            raise ValueError(f"a T > 0, one-chain profile is needed, got cell "
+                             f"{args.get('cell')!r} width {args.get('width')!r}")
+        rows = vocab_rows(int(args["batch"]), int(args["gamma"]))
+        own: dict = {}
+        for run in prof["runs"]:
+            ms = run["ms_per_step"]
+            own.setdefault(run["repeat"], {})[run["engine"]] = (
+                ms["whole_step"] - sum(ms[k] for k in OWN_FORWARDS))
+        for repeat, by in sorted(own.items()):
+            if {"vllm_sd", "mtad"} <= by.keys():
+                pairs.append(dict(batch=int(args["batch"]), gamma=int(args["gamma"]),
+                                  repeat=repeat, sd_ms=by["vllm_sd"], mtad_ms=by["mtad"],
+                                  per_row_s=(by["vllm_sd"] - by["mtad"]) / 1e3 / rows))
+    if not pairs:
+        raise ValueError("no profile has a vLLM SD run and an MTAD run of the same repeat")
+    per_row = [p["per_row_s"] for p in pairs]
+    return dict(per_row_s=statistics.median(per_row), range=[min(per_row), max(per_row)],
+                pairs=pairs)
 
 
 # ---- a GPU projection from measured parts (benchmarks.forwards, benchmarks.kernels core) ----
