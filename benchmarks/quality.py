@@ -198,8 +198,10 @@ def policy_summary(path: Path) -> dict:
     return out
 
 
-def score(llm, records: Store, scores: Store, problems, args, bar) -> None:
-    """NLL of each record's tokens under the unprocessed target (prompt logprobs)."""
+def score(llm, records: Store, scores: Store, problems, args, bar,
+          machine: str | None = None) -> None:
+    """NLL of each record's tokens under the unprocessed target (prompt logprobs); each row
+    names ``machine`` (the CPU and dtype that scored it) where given."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -218,7 +220,8 @@ def score(llm, records: Store, scores: Store, problems, args, bar) -> None:
             nll = -sum(out.prompt_logprobs[len(h) + j][t].logprob
                        for j, t in enumerate(r["token_ids"]))
             rows.append({"config": r["config"], "task_id": r["task_id"], "sample": r["sample"],
-                         "nll": nll, "tokens": len(r["token_ids"])})
+                         "nll": nll, "tokens": len(r["token_ids"]),
+                         **({"machine": machine} if machine else {})})
         scores.append(rows)
         bar.update(len(part))
 

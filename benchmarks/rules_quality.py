@@ -144,7 +144,8 @@ def perplexities(args, target, tiny, sets, records: Store, scores: Store) -> Non
     with tqdm(total=len(missing), desc="perplexity", unit="output") as bar:
         llm = build("target", args, target, None, tiny)
         try:
-            score(llm, records, scores, problems, args, bar)
+            score(llm, records, scores, problems, args, bar,
+                  machine=generated_on(engine_dtype(args, tiny)))
         finally:
             close(llm)
 
@@ -181,6 +182,8 @@ def summarise(configs, sets, records: Store, scores: Store) -> tuple[list[dict],
                        ppl=bootstrap_mean(list(ppl.values())) if scored else None,
                        hit_max_tokens=sum(r["finish_reason"] == "length" for r in recs),
                        generated_on=sorted({r.get("machine", "not recorded") for r in recs}),
+                       scored_on=sorted({scores.rows[k].get("machine", "not recorded")
+                                         for k in spoke}) if scored else [],
                        narrowed_rows=max(r.get("narrowed_rows", 0) for r in recs),
                        foreign_drafts=max(r.get("foreign_drafts", 0) for r in recs))
             if passed is not None:
@@ -198,11 +201,12 @@ def summarise(configs, sets, records: Store, scores: Store) -> tuple[list[dict],
                 f"{interval(row.get('pass@1_vs_target'), '{:+.3f}')} | "
                 f"{interval(row['ppl'])} | {interval(row.get('ppl_vs_target'), '{:+.3f}')} | "
                 f"{row['hit_max_tokens']} |")
-    machines: dict = {}
-    for row in rows:
-        for m in row["generated_on"]:
-            machines.setdefault(m, []).append(f"{row['config']} ({row['set']})")
-    lines += ["", "Generated on:"] + [f"- {m}: {', '.join(v)}" for m, v in machines.items()]
+    for what, key in (("Generated", "generated_on"), ("Scored", "scored_on")):
+        machines: dict = {}
+        for row in rows:
+            for m in row[key]:
+                machines.setdefault(m, []).append(f"{row['config']} ({row['set']})")
+        lines += ["", f"{what} on:"] + [f"- {m}: {', '.join(v)}" for m, v in machines.items()]
     return rows, "\n".join(lines + against_fly(rows, per))
 
 

@@ -346,6 +346,7 @@ def test_quality_grid_on_tiny_pair_resumes_and_reports(tmp_path):
         + [("vLLM SD T=0.0", f"HumanEval/{i}") for i in range(2)])
     scores = (out / "scores.jsonl").read_text().splitlines()
     assert len(scores) == sum(1 for r in records if r["token_ids"])
+    assert {json.loads(x)["machine"] for x in scores} == {records[0]["machine"]}
     # vLLM SD is lossless: at T=0 its tokens are the target's.
     by = {(r["config"], r["task_id"]): r["token_ids"] for r in records}
     assert all(by[("vLLM SD T=0.0", t)] == by[("target T=0.0", t)]
@@ -526,6 +527,7 @@ def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
             (sum(r["steps"] for r in recs), sum(r["accepted"] for r in recs))}
     scores = (out / "scores.jsonl").read_text().splitlines()
     assert len(scores) == sum(1 for r in records if r["token_ids"])
+    assert {json.loads(x)["machine"] for x in scores} == {records[0]["machine"]}
     before = (out / "records.jsonl").read_text()
     run_module(common, tmp_path)
     assert (out / "records.jsonl").read_text() == before
@@ -544,7 +546,7 @@ def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
     assert vs_w1 == {(f"mtad w2 g3 T{t}", s) for t in (0, 1) for s in ("humaneval", "chat")}
     assert all("pass@1_vs_w1" in r for r in rows
                if (r["config"], r["set"]) in vs_w1 and r["set"] == "humaneval")
-    assert all(r["generated_on"] == [records[0]["machine"]] for r in rows)
+    assert all(r["generated_on"] == r["scored_on"] == [records[0]["machine"]] for r in rows)
 
 
 @pytest.mark.unit
