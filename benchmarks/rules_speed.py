@@ -48,7 +48,7 @@ from devtools.models import grid_parser, number_list, parse_grid, resolve_pair
 
 FRACTIONS = (0.05, 0.1, 0.2, 0.3)  # the GPU draft forward, as a fraction of a target pass
 # vLLM SD's own T=1 work against the MTAD engine's, phase by phase, batch 1 and 4 (Intel Xeon)
-SD_PROFILES = tuple(Path("benchmarks/reports/step-phases-cpu") / d / "step_phases.json"
+SD_PROFILES = tuple(RESULTS.parent / "reports/step-phases-cpu" / d / "step_phases.json"
                     for d in ("t1-w1-one-chain", "t1-w1-b4"))
 
 
@@ -225,6 +225,12 @@ def cpu_model_check(rows: list[dict], sd_row_s: float = 0.0) -> dict:
                 ratios=checks, sd=sd_rows, same_forwards=same_forwards(rows))
 
 
+def shown(path: Path) -> Path:
+    """``path`` relative to the repository where it lies in it (as reports name files)."""
+    root = RESULTS.parents[1]
+    return path.resolve().relative_to(root) if path.resolve().is_relative_to(root) else path
+
+
 def sd_own_work(paths: list[Path], env: dict) -> dict:
     """The per-row price of vLLM SD's own T>0 work from the phase profiles at ``paths`` that
     ran on the runs' machine kind (CPU model and flags); ``used`` False, and why, otherwise:
@@ -234,8 +240,8 @@ def sd_own_work(paths: list[Path], env: dict) -> dict:
     mine = [(p, prof) for p, prof in found if kind(prof["environment"]) == kind(env)]
     if not mine:
         return dict(used=False, why=f"no profile of this machine kind among {len(found)} found "
-                    f"of {len(paths)} named", profiles=[str(p) for p in paths])
-    return dict(used=True, profiles=[str(p) for p, _ in mine],
+                    f"of {len(paths)} named", profiles=[str(shown(p)) for p in paths])
+    return dict(used=True, profiles=[str(shown(p)) for p, _ in mine],
                 **sd_vocab_row_seconds([prof for _, prof in mine]))
 
 
@@ -370,6 +376,7 @@ def main(argv=None) -> None:
         runs, env = saved["runs"], saved["environment"]
         args.dtype = saved.get("dtype")  # None: a runs.json from before it was recorded
         version = saved.get("code_version")
+        run_args = saved.get("args")  # None: before they were recorded (this call's then)
     else:
         target, draft, tiny = resolve_pair(args)
         args.dtype = engine_dtype(args, tiny)
@@ -379,18 +386,25 @@ def main(argv=None) -> None:
         runs = run(args, target, draft, tiny)
         args.out.mkdir(parents=True, exist_ok=True)
         env = environment()
+        run_args = {k: str(v) for k, v in vars(args).items()}
         path.write_text(json.dumps({"runs": runs, "wall_s": time.perf_counter() - t0,
                                     "environment": env, "dtype": args.dtype,
-                                    "code_version": version, "commit": commit}, indent=1))
+                                    "code_version": version, "commit": commit,
+                                    "args": run_args}, indent=1))
     rows = summarise(runs, speed_configs(args.gammas, args.widths))
     sd_own = sd_own_work(args.sd_profiles, env)
     check = cpu_model_check(rows, sd_own["per_row_s"] if sd_own.get("used") else 0.0)
     check["sd_own_work"] = sd_own
+    args.sd_profiles = sd_own["profiles"]
     projection = (gpu_projection(json.loads(args.acceptance.read_text()))
                   if args.acceptance.exists() else [])
     table = markdown(rows, check, projection)
     write_outputs("rules_speed", {"rows": rows, "cpu_model": check, "gpu_projection": projection,
-                                  "args": {k: str(v) for k, v in vars(args).items()},
+                                  # the runs' own (--repeats, --tokens, ...) where recorded
+                                  "args": (run_args or {}) | {
+                                      k: str(v) for k, v in vars(args).items()
+                                      if k in ("report_only", "acceptance", "dtype")
+                                      or not run_args},
                                   "environment": env, "code_version": version,
                                   "report_code_version": code_version(extra=OWN_CODE)},
                   table, args.out)

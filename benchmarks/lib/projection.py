@@ -73,7 +73,6 @@ def fit_linear_costs(steps: Sequence[tuple[int, int, int, float]]) -> StepCosts:
     return linear_costs((a_t, b_t), (a_d, b_d))
 
 
-
 # ---- vLLM SD's own work at T > 0, measured by benchmarks.phases step ----
 
 OWN_FORWARDS = ("target_forward", "draft_forward")
@@ -98,7 +97,8 @@ def sd_vocab_row_seconds(profiles: Sequence[dict]) -> dict:
     pairs = []
     for prof in profiles:
         args = prof["args"]
-        if args.get("width") != 1 or "T=0" in str(args.get("cell")):
+        cell = str(args.get("cell"))
+        if args.get("width") != 1 or not cell.startswith("T=") or cell.startswith("T=0"):
             raise ValueError(f"a T > 0, one-chain profile is needed, got cell "
                              f"{args.get('cell')!r} width {args.get('width')!r}")
         rows = vocab_rows(int(args["batch"]), int(args["gamma"]))
