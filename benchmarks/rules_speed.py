@@ -49,7 +49,7 @@ from devtools.models import grid_parser, number_list, parse_grid, resolve_pair
 FRACTIONS = (0.05, 0.1, 0.2, 0.3)  # the GPU draft forward, as a fraction of a target pass
 # vLLM SD's own T=1 work against the MTAD engine's, phase by phase, batch 1 and 4 (Intel Xeon)
 SD_PROFILES = tuple(RESULTS.parent / "reports/step-phases-cpu" / d / "step_phases.json"
-                    for d in ("t1-w1-one-chain", "t1-w1-b4"))
+                    for d in ("t1-w1-one-chain", "t1-w1-b4", "t1-w1-b4-r6"))
 
 
 # This program and acceptance's engines, beside report.code_version's defaults.
