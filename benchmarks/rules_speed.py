@@ -21,7 +21,9 @@ prefill, the same for every engine, is a third to a half of a 32-token run).
 The cost model (benchmarks/lib/projection.py) is fitted to the MTAD engine's runs (seconds per
 decoding step against B, W, γ) and then predicts vLLM SD's tok/s at every (cell, batch, γ) from
 SD's measured tokens per decoding step: an out-of-sample check on another engine, whose ratios
-it must reproduce within their spread. The GPU projection applies the stated GPU model
+it must reproduce within their spread. At T>0 vLLM SD is also charged its own work over the
+whole vocabulary, per row, as phase profiles of the same machine kind measured it
+(``--sd-profiles``; benchmarks.phases step). The GPU projection applies the stated GPU model
 (projection.gpu_costs) to the tokens per pass of --acceptance (benchmarks.acceptance's JSON).
 """
 
