@@ -332,7 +332,7 @@ def markdown(rows, check, projection) -> str:
               "work | measured / predicted |", "|---|---|---|---|---|---|"]
     for sd in check["sd"]:
         lines.append(f"| {sd['config']} | {sd['batch']} | {sd['step_s']:.3f} | "
-                     f"{sd['predicted_step_s']:.3f} | {sd.get('own_s', 0.0):.3f} | "
+                     f"{sd['predicted_step_s']:.3f} | {sd['own_s']:.3f} | "
                      f"{sd['step_s'] / sd['predicted_step_s']:.2f} |")
     if projection:
         heads = [k for k in projection[0] if k.startswith("vs ")]
@@ -397,7 +397,7 @@ def main(argv=None) -> None:
     sd_own = sd_own_work(args.sd_profiles, env)
     check = cpu_model_check(rows, sd_own["per_row_s"] if sd_own.get("used") else 0.0)
     check["sd_own_work"] = sd_own
-    args.sd_profiles = sd_own["profiles"]
+    args.sd_profiles = sd_own["profiles"]  # as this report names them (repository-relative)
     projection = (gpu_projection(json.loads(args.acceptance.read_text()))
                   if args.acceptance.exists() else [])
     table = markdown(rows, check, projection)
@@ -405,7 +405,8 @@ def main(argv=None) -> None:
                                   # the runs' own (--repeats, --tokens, ...) where recorded
                                   "args": (run_args or {}) | {
                                       k: str(v) for k, v in vars(args).items()
-                                      if k in ("report_only", "acceptance", "dtype")
+                                      if k in ("report_only", "acceptance", "dtype",
+                                               "sd_profiles")
                                       or not run_args},
                                   "environment": env, "code_version": version,
                                   "report_code_version": code_version(extra=OWN_CODE)},

@@ -762,6 +762,9 @@ def test_rules_speed_on_tiny_pair(tmp_path):
     # the runs' own flags, not this call's defaults (--repeats 2, --min-prompts 2)
     assert (again["args"]["repeats"], again["args"]["min_prompts"]) == ("1", "4")
     assert again["args"]["report_only"] == "True"
+    # and the phase profiles this report priced vLLM SD's T>0 work from, as it names them
+    for report in (data, again):
+        assert report["args"]["sd_profiles"] == str(report["cpu_model"]["sd_own_work"]["profiles"])
 
 
 @pytest.mark.unit
