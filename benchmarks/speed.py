@@ -1,69 +1,78 @@
-"""Speed across batch sizes and temperatures: the target alone, vLLM's speculative decoding and
-MTAD, side by side in one run, on equal samplers.
+"""Speed across batch sizes, temperatures, prompt kinds and request lengths: the target alone,
+vLLM's speculative decoding and MTAD, side by side in one run, on equal samplers, timing
+decoding apart from prefill.
 
-    python -m benchmarks.speed                      # the verdict for this machine
+    python -m benchmarks.speed                      # the verdict for this machine (≤ 15 min)
     python -m benchmarks.speed --target DIR --draft DIR     # your own pair
-    python -m benchmarks.speed --preset grid        # the long grid (batch 1-48, every MTAD form)
-    python -m benchmarks.speed --tiny --tokens 8    # a minute, on a tiny random pair (tests)
+    python -m benchmarks.speed --preset study       # the study grid (hours): every cell, the
+                                                    # default against forced arms
+    python -m benchmarks.speed --tiny --lengths 8 4 # a minute, on a tiny random pair (tests)
 
 Cells: T=1 (top-k 10, top-p 0.9, the paper's setting) and T=0 (greedy; MTAD runs both greedy
 rules, "joint" and "exact", while the target alone and vLLM SD are the same runs for both), at
 every ``--batches`` size. Configurations (benchmarks.lib.engines.CONFIGS): by default the
-target alone, vLLM SD (probabilistic drafts) and MTAD as a user gets it (adaptive policy, W ≤ 4,
-γ ≤ 4). Every engine samples top-k/top-p by the same k-selection (equal samplers: the same
-tokens as vLLM's sort); with ``--sampler both`` the target alone and vLLM SD also run with
-vLLM's own sampler at T=1 ("as shipped"), on the same engines, so that both ratios come from
-one run and the sampler's own share is measured (target alone selecting / as shipped).
+target alone, vLLM SD (probabilistic drafts, γ = ``--gamma``) and MTAD as a user gets it
+(adaptive policy, W <= 4, γ <= ``--mtad-gamma``); the study adds forced MTAD arms (W 1 and 4 ×
+γ 4 and 8) on an MTAD engine of their own. Every engine samples top-k/top-p by the same
+k-selection (equal samplers: the same tokens as vLLM's sort); ``--sampler both`` also runs the
+target alone and vLLM SD with vLLM's own sampler at T=1 ("as shipped").
 
-Method: the engines (the target alone, vLLM SD, MTAD: one per family, every configuration of
-a family on its engine) live in this process for the whole run where they fit in memory
-(``--instances run``); where they do not (three float32 engines of the real pair), every repeat
-runs each family in a process of its own, in an order turned round from one repeat to the next
-(``family``; one warm-up run per engine and (cell, batch), on other prompts, with half the
-tokens); ``repeat`` builds every repeat's engines afresh in a process of their own (two engines
-of one model differ by up to ~10 %, which one instance per configuration carries into every
-repeat). ``auto`` (the verdict's) picks ``run`` or ``family`` by the memory available. With
-``run`` and ``repeat`` every configuration is warmed up on other prompts at each (cell, batch).
-The configurations are interleaved (benchmarks.lib.runner.run_order) and repeated ``--repeats``
-times; each run generates ``--tokens`` tokens (ignore_eos) for HumanEval prompts, ``batch`` at
-a time, at least ``--min-prompts`` prompts. The real pair runs in bfloat16 where the CPU has
-AVX-512 BF16 or AMX, in float32 elsewhere (``--dtype``). Reported: median output tokens/s with
-[min, max], mean acceptance length (tokens per target pass, the extra token included), MTAD's
-policy choices, the ratios, and per run how many sampling calls took the k-selection.
+A run of a configuration at batch B sends one workload: for every prompt set (``--prompt-sets``:
+HumanEval, chat) and every request length (``--lengths``, output tokens, ignore_eos), B / (sets
+× lengths) requests (at least one), B at a time. Per request (vLLM's own request timestamps,
+as ``vllm bench`` reports TTFT and TPOT): the **decode rate**, output tokens after the first over
+the time after the first token, and the **end-to-end rate**, output tokens over time to first
+token plus decoding. Per run: **CPU-seconds per output token** (this process's user + system
+time over the tokens it made; the engines run in this process) and tokens per target pass.
+
+Method: every engine is warmed up once per batch size on other prompts (lengths halved) before
+timing; the configurations are interleaved (benchmarks.lib.runner.run_order) and repeated,
+repeats outermost; after ``--repeats`` rounds more rounds run (up to ``--max-repeats``) while a
+headline ratio's 95 % interval (pairs of the same request and repeat, resampled) is wider than
+±``--until`` and the next round fits in ``--max-minutes``. Engines (``--instances``): ``run``
+keeps one engine per family alive in this process; ``family`` runs each family in a process of
+its own per round (where three engines do not fit in memory, as float32 on AVX2); ``repeat``
+builds fresh engines for every round of a (cell, batch) (the study: the default's engine then
+serves that cell only). ``auto`` picks ``run`` or ``family`` by the memory available.
 Output in --out (default benchmarks/results/speed/): speed.json (machine, CPU model and flags,
-code version, every run), speed.md (the table), speed.png; vLLM's log in --log.
+code version, every run and request), speed.md (the tables), speed.png; vLLM's log in --log.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
 from pathlib import Path
 
 from benchmarks.lib.engines import (CONFIGS, SHIPPED, EngineSet, engine_of, prepare,
                                     select_everywhere, selection_counts)
-from benchmarks.lib.prompts import GREEDY, HALF, PAPER, humaneval_prompts
+from benchmarks.lib.prompts import GREEDY, HALF, PAPER, chat_prompts, humaneval_prompts
 from benchmarks.lib.report import RESULTS, code_commit, code_version, environment, write_outputs
-from benchmarks.lib.runner import (generate_in_batches, in_own_process, per_request_acceptance,
-                                   run_order)
-from benchmarks.lib.stats import summary
+from benchmarks.lib.runner import in_own_process, run_order
+from benchmarks.lib.stats import ratio_interval, summary
 from devtools.console import output_to, tail
 from devtools.engine import close, default_dtype
 from devtools.models import add_model_args, resolve_pair
 
 PRESETS = {
-    # The README's headline table: batch 1 and a loaded batch, both temperatures, the three
-    # engines a user chooses between, vLLM's own sampler beside the selection at T=1.
-    "verdict": dict(batches=[1, 16], tokens=32, repeats=2, min_prompts=2,
-                    configs=["target", "vllm_sd", "mtad"], sampler="both", instances="auto"),
-    # Every MTAD form at four loads, each repeat on fresh engines (hours on a 2-core CPU).
-    "grid": dict(batches=[1, 4, 16, 48], tokens=48, repeats=2, min_prompts=4,
-                 configs=["target", "vllm_sd", "mtad", "mtad_fixed", "mtad_g8"],
-                 sampler="equal", instances="repeat"),
+    # The README's table: batch 1 and a loaded batch, both temperatures, both prompt kinds, a
+    # short request (mostly prefill, what earlier verdicts timed) and a longer one (mostly
+    # decoding), the three engines a user chooses between.
+    "verdict": dict(batches=[1, 16], lengths=[32, 96], prompt_sets=["humaneval", "chat"],
+                    repeats=2, max_repeats=3, max_minutes=15.0,
+                    configs=["target", "vllm_sd", "mtad"], sampler="equal", instances="auto"),
+    # Every cell of the study grid, the default against forced arms on an engine of their own,
+    # fresh engines every round (hours on a 2-core CPU).
+    "study": dict(batches=[1, 4, 16], lengths=[32, 256], prompt_sets=["humaneval", "chat"],
+                  repeats=2, max_repeats=4, max_minutes=None,
+                  configs=["target", "vllm_sd", "mtad", "mtad_w1g4", "mtad_w4g4", "mtad_w1g8",
+                           "mtad_w4g8"], sampler="equal", instances="repeat"),
 }
 CELLS = {"T=1": PAPER, "T=0": GREEDY}
+PROMPT_SETS = ("humaneval", "chat")
 
 
 def cell_configs(cell: str, configs: list[str], sampler: str) -> list[str]:
@@ -80,99 +89,141 @@ def cell_configs(cell: str, configs: list[str], sampler: str) -> list[str]:
     return out
 
 
-def run_one(llm, config: str, cell: str, batch: int, prompts: list, tokens: int,
-            gamma: int, seed: int) -> dict:
-    """One timed run of ``config`` on ``llm``."""
+def prompt_pool(name: str) -> list[str]:
+    """A prompt set's prompts: HumanEval's 164, chatterbot-corpus's opening lines."""
+    return humaneval_prompts(2 * HALF) if name == "humaneval" else chat_prompts(64)
+
+
+def workload(pools: dict, batch: int, lengths: list[int], warm: bool = False) -> list[dict]:
+    """The requests of one run at ``batch``: per prompt set and length, batch / (sets ×
+    lengths) requests (at least one), each on a prompt of its own; timed runs use each pool's
+    first half, warm-ups (``warm``: lengths halved) its second."""
+    per = max(1, batch // (len(pools) * len(lengths)))
+    out = []
+    for name, pool in pools.items():
+        half = len(pool) // 2
+        for j, length in enumerate(lengths):
+            for i in range(per):
+                k = j * per + i
+                prompt = pool[half + k % half] if warm else pool[k % half]
+                out.append({"set": name, "length": max(length // 2, 1) if warm else length,
+                            "prompt": prompt})
+    return out
+
+
+def run_one(llm, config: str, cell: str, batch: int, requests: list[dict], seed: int) -> dict:
+    """One timed run of ``config`` on ``llm``: the run's totals and, per request, its decode
+    and end-to-end rates (vLLM's request timestamps; ``disable_log_stats=False``)."""
     from vllm import SamplingParams
 
     from vllm_mtad.proposer import drafter_stats
 
-    selection0 = prepare(llm, config, gamma)
-    is_mtad = engine_of(config) == "mtad"
+    selection0 = prepare(llm, config)
+    is_mtad = engine_of(config).startswith("mtad")
     mode = config.split(" ")[1] if is_mtad and " " in config else None
     extra = {"greedy_acceptance": mode} if mode in ("joint", "exact") else None
-    params = [SamplingParams(max_tokens=tokens, ignore_eos=True, seed=seed + i, **CELLS[cell],
-                             extra_args=extra) for i in range(len(prompts))]
+    params = [SamplingParams(max_tokens=r["length"], ignore_eos=True, seed=seed + i,
+                             **CELLS[cell], extra_args=extra) for i, r in enumerate(requests)]
     chosen0 = llm.collective_rpc(drafter_stats)[0]["policy_chosen"] if is_mtad else {}
+    cpu0 = _cpu_seconds()
     t0 = time.perf_counter()
-    outs = generate_in_batches(llm, prompts, params, batch)
+    outs = []
+    for i in range(0, len(requests), batch):
+        outs += llm.generate([r["prompt"] for r in requests[i:i + batch]], params[i:i + batch],
+                             use_tqdm=False)
     seconds = time.perf_counter() - t0
-    out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    drafts, accepted = per_request_acceptance(outs)
+    cpu = _cpu_seconds() - cpu0
+    per_request = [request_times(r, o) for r, o in zip(requests, outs)]
+    tokens = sum(r["tokens"] for r in per_request)
+    drafts = sum(r["drafts"] for r in per_request)
+    accepted = sum(r["accepted"] for r in per_request)
     chosen = {}
     if is_mtad:
         now = llm.collective_rpc(drafter_stats)[0]["policy_chosen"]
         chosen = {k: v - chosen0.get(k, 0) for k, v in now.items() if v - chosen0.get(k, 0)}
     selection = {k: v - selection0[k] for k, v in selection_counts(llm).items()}
-    return {"tokens": out_tokens, "seconds": seconds, "tok_s": out_tokens / seconds,
+    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
+            "cpu_s_per_token": cpu / max(tokens, 1),
             "acceptance": 1 + accepted / drafts if drafts else None, "chosen": chosen,
-            "selection": selection}
+            "selection": selection, "requests": per_request}
 
 
-def prompt_sets(prompts: list, batch: int, min_prompts: int) -> tuple[list, list]:
-    """(warm-up prompts, timed prompts) of a run of ``batch`` requests at a time: a batch, at
-    least ``min_prompts``, from HumanEval's second half and first half."""
-    n = max(batch, min_prompts)
-    return prompts[HALF: HALF + n], prompts[:n]
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process (every thread of the in-process engine)."""
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
 
 
-def timed_runs(report, llm_of, configs: list[str], cell: str, batch: int, r: int,
-               timed: list, tokens: int, gamma: int) -> list:
-    """Repeat ``r``'s timed runs of ``configs`` in run_order, each on ``llm_of(config)``:
+def request_times(request: dict, out) -> dict:
+    """A finished request's tokens, time to first token, decode time (first to last token,
+    engine-core timestamps) and rates, and its verify steps and accepted draft tokens."""
+    tokens = len(out.outputs[0].token_ids)
+    m = out.metrics
+    ttft = m.first_token_latency
+    decode = max(m.last_token_ts - m.first_token_ts, 1e-9)
+    spec = out.outputs[0].spec_decode_metrics
+    drafts = sum(spec.histogram) if spec is not None else 0
+    accepted = sum(j * n for j, n in enumerate(spec.histogram)) if spec is not None else 0
+    return {"set": request["set"], "length": request["length"], "tokens": tokens,
+            "ttft_s": ttft, "decode_s": decode,
+            "decode_tok_s": (tokens - 1) / decode if tokens > 1 else None,
+            "e2e_tok_s": tokens / max(ttft + decode, 1e-9), "drafts": drafts,
+            "accepted": accepted}
+
+
+def round_runs(report, llm_of, configs: list[str], cell: str, batch: int, r: int,
+               requests: list[dict]) -> list:
+    """Round ``r``'s timed runs of ``configs`` in run_order, each on ``llm_of(config)``:
     [(config, result), ...]; ``report(1)`` after each."""
     out = []
     for config in run_order(configs, r):
-        out.append((config, run_one(llm_of(config), config, cell, batch, timed, tokens, gamma,
-                                    0)))
+        out.append((config, run_one(llm_of(config), config, cell, batch, requests, 0)))
         report(1)
     return out
 
 
-def repeat(report, engines: dict | None, spec: EngineSet, cell: str, batch: int, r: int,
-           configs: list[str], warm: list | None, timed: list, tokens: int) -> list:
-    """Repeat ``r`` of a (cell, batch) pair: every configuration warmed up on ``warm`` (None:
-    not), then timed on ``timed`` in run_order. ``engines`` None: built here (and closed)."""
-    own = engines is None
-    if own:
-        names = sorted({engine_of(c) for c in configs})
-        engines = {n: spec.build(n, mtad_gamma(spec, configs)) for n in
-                   (names if r % 2 == 0 else names[::-1])}
+def warm_up(report, llm, config: str, batch: int, pools: dict, lengths: list[int]) -> None:
+    """One untimed run of ``config`` on other prompts, lengths halved."""
+    run_one(llm, config, "T=1", batch, workload(pools, batch, lengths, warm=True), 1000)
+    report(1)
+
+
+def fresh_round(report, spec: EngineSet, cell: str, batch: int, r: int, configs: list[str],
+                lengths: list[int], prompt_sets: list[str]) -> list:
+    """Round ``r`` of one (cell, batch) on engines built here for it (``--instances
+    repeat``), each warmed up first, then closed."""
+    pools = {name: prompt_pool(name) for name in prompt_sets}
+    names = sorted({engine_of(c) for c in configs})
+    engines = {n: spec.build(n) for n in (names if r % 2 == 0 else names[::-1])}
     try:
-        for config in configs if warm is not None else []:  # untimed, on other prompts
-            run_one(engines[engine_of(config)], config, cell, batch, warm, tokens, spec.gamma,
-                    1000)
-            report(1)
-        return timed_runs(report, lambda c: engines[engine_of(c)], configs, cell, batch, r,
-                          timed, tokens, spec.gamma)
+        for name, llm in engines.items():
+            warm_up(report, llm, next(c for c in configs if engine_of(c) == name), batch,
+                    pools, lengths)
+        return round_runs(report, lambda c: engines[engine_of(c)], configs, cell, batch, r,
+                          workload(pools, batch, lengths))
     finally:
-        if own:
-            for llm in engines.values():
-                close(llm)
+        for llm in engines.values():
+            close(llm)
 
 
-def mtad_gamma(spec: EngineSet, configs: list[str]) -> int:
-    """The MTAD engine's γ: the long bound where mtad_g8 runs, the default γ otherwise."""
-    return max(spec.gamma, spec.long_gamma) if any(c.startswith("mtad_g8") for c in configs) \
-        else spec.gamma
-
-
-def family_repeat(report, spec: EngineSet, family: str, plan: list, r: int, tokens: int,
-                  min_prompts: int, prompts: list) -> list:
-    """Repeat ``r`` of one engine family (--instances family): its engine built here, then at
-    every (cell, batch) of ``plan`` one warm-up run on other prompts (half the tokens) and its
-    configurations timed in run_order. [(cell, batch, config, result), ...]."""
-    llm = spec.build(family, mtad_gamma(spec, [c for _, _, cs in plan for c in cs]))
+def family_round(report, spec: EngineSet, family: str, plan: list, r: int,
+                 lengths: list[int], prompt_sets: list[str]) -> list:
+    """Round ``r`` of one engine family (``--instances family``): its engine built here,
+    warmed up at each batch size, then its configurations timed at every (cell, batch) of
+    ``plan`` in run_order. [(cell, batch, config, result), ...]."""
+    pools = {name: prompt_pool(name) for name in prompt_sets}
+    llm = spec.build(family)
     try:
-        out = []
+        out, warmed = [], set()
         for cell, batch, configs in plan:
             mine = [c for c in configs if engine_of(c) == family]
             if not mine:
                 continue
-            warm, timed = prompt_sets(prompts, batch, min_prompts)
-            run_one(llm, mine[0], cell, batch, warm, max(tokens // 2, 1), spec.gamma, 1000)
-            report(1)
-            out += [(cell, batch, config, res) for config, res in timed_runs(
-                report, lambda _: llm, mine, cell, batch, r, timed, tokens, spec.gamma)]
+            if batch not in warmed:
+                warm_up(report, llm, mine[0], batch, pools, lengths)
+                warmed.add(batch)
+            out += [(cell, batch, config, res) for config, res in round_runs(
+                report, lambda _: llm, mine, cell, batch, r, workload(pools, batch, lengths))]
         return out
     finally:
         close(llm)
@@ -189,20 +240,22 @@ def instances_for(choice: str, spec: EngineSet, families: list[str]) -> str:
     return "run" if need <= psutil.virtual_memory().available else "family"
 
 
-def main(argv=None) -> None:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    # PyTorch's large allocations (the weights) on huge pages: two engines of one model then
-    # ran 1.02x apart instead of 1.10x.
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(ap)
     ap.add_argument("--preset", choices=PRESETS, default="verdict",
                     help="the defaults of the options below (default: %(default)s)")
     ap.add_argument("--batches", type=int, nargs="+")
-    ap.add_argument("--tokens", type=int, help="output tokens per request")
-    ap.add_argument("--repeats", type=int)
-    ap.add_argument("--min-prompts", type=int, help="prompts per run at least")
+    ap.add_argument("--lengths", type=int, nargs="+", help="output tokens per request")
+    ap.add_argument("--prompt-sets", nargs="+", choices=PROMPT_SETS)
+    ap.add_argument("--repeats", type=int, help="rounds at least")
+    ap.add_argument("--max-repeats", type=int, help="rounds at most")
+    ap.add_argument("--until", type=float, default=0.05,
+                    help="more rounds while a headline ratio's 95%% interval is wider than "
+                         "± this share of the ratio (default: %(default)s)")
+    ap.add_argument("--max-minutes", type=float,
+                    help="no round starts that would end after this (0: no limit)")
     ap.add_argument("--cells", nargs="+", choices=CELLS, default=list(CELLS))
     ap.add_argument("--configs", nargs="+", choices=CONFIGS)
     ap.add_argument("--sampler", choices=("equal", "both"),
@@ -210,14 +263,17 @@ def main(argv=None) -> None:
                          "sampler for the target alone and vLLM SD at T=1")
     ap.add_argument("--instances", choices=("auto", "run", "repeat", "family"),
                     help="run: one engine per family for the whole run, all alive in this "
-                         "process; repeat: fresh engines for every repeat of a (cell, batch), "
-                         "in a process of their own; family: every repeat runs each engine "
+                         "process; repeat: fresh engines for every round of a (cell, batch), "
+                         "in a process of their own; family: every round runs each engine "
                          "family in a process of its own, in an order turned round from one "
-                         "repeat to the next (what fits where three engines do not); auto: run "
-                         "where the engines fit in memory, family otherwise")
+                         "round to the next; auto: run where the engines fit in memory, "
+                         "family otherwise")
     ap.add_argument("--dtype", help="the real pair's dtype (default: bfloat16 where the CPU "
                                     "has AVX-512 BF16 or AMX, float32 elsewhere)")
-    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--gamma", type=int, default=4, help="vLLM SD's γ (default: %(default)s)")
+    ap.add_argument("--mtad-gamma", type=int, default=8,
+                    help="the MTAD engines' num_speculative_tokens: the default's bound "
+                         "(default: %(default)s)")
     ap.add_argument("--out", type=Path, default=RESULTS / "speed")
     ap.add_argument("--log", type=Path, help="vLLM's log (default: OUT/vllm.log)")
     ap.add_argument("--verbose", action="store_true", help="vLLM's log on the terminal")
@@ -225,16 +281,26 @@ def main(argv=None) -> None:
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if max(max(args.batches), args.min_prompts) > HALF:
-        ap.error(f"a run needs at most {HALF} prompts (HumanEval's 164, half for warm-ups)")
+    args.max_repeats = max(args.max_repeats, args.repeats)
+    if max(args.batches) > 2 * HALF:
+        ap.error(f"a run needs at most {2 * HALF} prompts")
+    return args
+
+
+def main(argv=None) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # PyTorch's large allocations (the weights) on huge pages: two engines of one model then
+    # ran 1.02x apart instead of 1.10x.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    args = parse_args(argv)
     from tqdm import tqdm
 
     select_everywhere()
     target, draft, tiny = resolve_pair(args)
     env = environment() | {"commit": code_commit(), "code_version": code_version()}
     args.dtype = args.dtype or ("float32" if tiny else default_dtype(env.get("cpu_flags", [])))
-    spec = EngineSet(target, draft, tiny, max(args.batches), args.dtype, args.gamma)
-    prompts = humaneval_prompts(2 * HALF)
+    spec = EngineSet(target, draft, tiny, max(args.batches), args.dtype, args.gamma,
+                     args.mtad_gamma)
     plan = [(cell, b, cell_configs(cell, args.configs, args.sampler))
             for b in args.batches for cell in CELLS if cell in args.cells]
     families = sorted({engine_of(c) for _, _, cs in plan for c in cs})
@@ -245,44 +311,34 @@ def main(argv=None) -> None:
           f"{env['cpus']} CPUs, flags {' '.join(env.get('cpu_flags', []))}; vLLM {env['vllm']}; "
           f"code {env['code_version']}; engines: {args.instances}"
           + (f"\nvLLM's log: {log}" if log else ""), file=sys.stderr)
-    if args.instances == "family":
-        total = args.repeats * sum(len(c) + len({engine_of(x) for x in c}) for _, _, c in plan)
-    else:
-        warm_ups = args.repeats if args.instances == "repeat" else 1
-        total = sum(len(c) * (warm_ups + args.repeats) for _, _, c in plan)
+    per_round = sum(len(c) for _, _, c in plan)
+    warm_ups = {"run": len(families) * len(args.batches),
+                "family": sum(len({b for _, b, cs in plan if any(engine_of(c) == f for c in cs)})
+                              for f in families),
+                "repeat": sum(len({engine_of(c) for c in cs}) for _, _, cs in plan)}
     runs, started = [], time.time()
     with output_to(log) as terminal:
-        bar = tqdm(total=total, unit="run", desc="runs", file=terminal)
+        bar = tqdm(total=args.repeats * per_round + warm_ups[args.instances]
+                   * (args.repeats if args.instances != "run" else 1),
+                   unit="run", desc="runs", file=terminal)
         engines = None
         try:
-            if args.instances == "family":
-                for r in range(args.repeats):
-                    for family in (families if r % 2 == 0 else families[::-1]):
-                        bar.set_postfix_str(f"repeat {r + 1}: {family}")
-                        measured = in_own_process(
-                            family_repeat, (spec, family, plan, r, args.tokens,
-                                            args.min_prompts, prompts),
-                            bar.update, f"repeat {r} of {family}")
-                        runs += [{"cell": cell, "batch": batch, "config": c, "repeat": r} | res
-                                 for cell, batch, c, res in measured]
-                        write_report(args, target, draft, env, runs, time.time() - started)
-            else:
-                if args.instances == "run":
-                    engines = {n: spec.build(n, mtad_gamma(spec, args.configs))
-                               for n in families}
-                warm_ups = args.repeats if args.instances == "repeat" else 1
-                for cell, batch, configs in plan:
-                    warm, timed = prompt_sets(prompts, batch, args.min_prompts)
-                    for r in range(args.repeats):
-                        bar.set_postfix_str(f"{cell} batch {batch} repeat {r + 1}")
-                        rep_args = (engines, spec, cell, batch, r, configs,
-                                    warm if r < warm_ups else None, timed, args.tokens)
-                        measured = (in_own_process(repeat, rep_args, bar.update,
-                                                   f"repeat {r} of {cell} batch {batch}")
-                                    if engines is None else repeat(bar.update, *rep_args))
-                        runs += [{"cell": cell, "batch": batch, "config": c, "repeat": r}
-                                 | res for c, res in measured]
-                    write_report(args, target, draft, env, runs, time.time() - started)
+            if args.instances == "run":
+                engines = {n: spec.build(n) for n in families}
+                pools = {name: prompt_pool(name) for name in args.prompt_sets}
+                for batch in args.batches:
+                    for name, llm in engines.items():
+                        first = next(c for _, b, cs in plan if b == batch for c in cs
+                                     if engine_of(c) == name)
+                        warm_up(bar.update, llm, first, batch, pools, args.lengths)
+            for r in range(args.max_repeats):
+                if r >= args.repeats:
+                    if not needs_more(runs, args, started, r):
+                        break
+                    bar.total += per_round + (0 if args.instances == "run"
+                                              else warm_ups[args.instances])
+                runs += one_round(bar, engines, spec, plan, families, r, args)
+                write_report(args, target, draft, env, runs, time.time() - started)
         except BaseException:
             if log is not None:
                 print(f"--- the end of {log}:\n{tail(log)}", file=terminal)
@@ -295,111 +351,204 @@ def main(argv=None) -> None:
     print(f"\nwritten to {args.out} in {(time.time() - started) / 60:.1f} min", file=sys.stderr)
 
 
-def cells_of(runs: list[dict]) -> list[dict]:
-    """Per (cell, batch, configuration): median tok/s, [min, max], acceptance, choices."""
-    out = {}
+def one_round(bar, engines, spec, plan, families, r, args) -> list:
+    """Round ``r`` of every (cell, batch): [{"cell", "batch", "config", "repeat", ...}]."""
+    out = []
+    if args.instances == "family":
+        for family in (families if r % 2 == 0 else families[::-1]):
+            bar.set_postfix_str(f"round {r + 1}: {family}")
+            measured = in_own_process(family_round, (spec, family, plan, r, args.lengths,
+                                                     args.prompt_sets),
+                                      bar.update, f"round {r} of {family}")
+            out += [{"cell": cell, "batch": batch, "config": c, "repeat": r} | res
+                    for cell, batch, c, res in measured]
+        return out
+    pools = {name: prompt_pool(name) for name in args.prompt_sets}
+    for cell, batch, configs in plan:
+        bar.set_postfix_str(f"round {r + 1}: {cell} batch {batch}")
+        if engines is None:
+            measured = in_own_process(fresh_round, (spec, cell, batch, r, configs,
+                                                    args.lengths, args.prompt_sets),
+                                      bar.update, f"round {r} of {cell} batch {batch}")
+        else:
+            measured = round_runs(bar.update, lambda c: engines[engine_of(c)], configs, cell,
+                                  batch, r, workload(pools, batch, args.lengths))
+        out += [{"cell": cell, "batch": batch, "config": c, "repeat": r} | res
+                for c, res in measured]
+    return out
+
+
+def needs_more(runs: list[dict], args, started: float, r: int) -> bool:
+    """Whether round ``r`` (one beyond ``--repeats``) runs: some headline ratio's interval is
+    wider than ±``--until``, and at the pace so far the round ends within ``--max-minutes``."""
+    elapsed = time.time() - started
+    if args.max_minutes and elapsed + elapsed / r > 60 * args.max_minutes:
+        return False
+    return any(h["wide"] for h in headline(runs, args.until))
+
+
+def decode_pairs(runs: list[dict], cell: str, batch: int, config: str, base: str,
+                 rate: str = "decode_tok_s", select=lambda q: True) -> tuple[list, list]:
+    """Paired per-request rates of ``config`` and ``base`` (same cell, batch, repeat and
+    request), over the requests ``select`` keeps."""
+    at = {(x["repeat"], x["config"]): x for x in runs
+          if x["cell"] == cell and x["batch"] == batch}
+    a, b = [], []
+    for (rep, c), x in sorted(at.items()):
+        if c != config or (rep, base) not in at:
+            continue
+        for qa, qb in zip(x["requests"], at[(rep, base)]["requests"]):
+            if select(qa) and qa[rate] is not None and qb[rate] is not None:
+                a.append(qa[rate])
+                b.append(qb[rate])
+    return a, b
+
+
+def config_rows(runs: list[dict]) -> list[dict]:
+    """Per (cell, batch, configuration): the decode and end-to-end rates (the mean over the
+    run's requests; median [min, max] over rounds), per prompt set and length too, CPU-s per
+    token, tokens per target pass and MTAD's choices."""
+    groups = {}
     for r in runs:
-        out.setdefault((r["cell"], r["batch"], r["config"]), []).append(r)
+        groups.setdefault((r["cell"], r["batch"], r["config"]), []).append(r)
     rows = []
-    for (cell, batch, config), rs in out.items():
+    for (cell, batch, config), rs in groups.items():
+        row = {"cell": cell, "batch": batch, "config": config,
+               "decode": summary([_mean_rate(x["requests"], "decode_tok_s") for x in rs]),
+               "e2e": summary([_mean_rate(x["requests"], "e2e_tok_s") for x in rs]),
+               "cpu_s_per_token": summary([x["cpu_s_per_token"] for x in rs])["median"],
+               "tok_s": summary([x["tok_s"] for x in rs])["median"]}
         acc = [x["acceptance"] for x in rs if x["acceptance"] is not None]
+        row["acceptance"] = summary(acc)["median"] if acc else None
+        groups_of = sorted({(q["set"], q["length"]) for x in rs for q in x["requests"]})
+        row["by_group"] = {f"{s} {n}": {
+            "decode": summary([_mean_rate([q for q in x["requests"]
+                                           if (q["set"], q["length"]) == (s, n)],
+                                          "decode_tok_s") for x in rs])["median"],
+            "e2e": summary([_mean_rate([q for q in x["requests"]
+                                        if (q["set"], q["length"]) == (s, n)], "e2e_tok_s")
+                            for x in rs])["median"]} for s, n in groups_of}
         chosen = {}
         for x in rs:
             for k, v in x["chosen"].items():
                 chosen[k] = chosen.get(k, 0) + v
-        rows.append({"cell": cell, "batch": batch, "config": config,
-                     **summary([x["tok_s"] for x in rs]),
-                     "acceptance": summary(acc)["median"] if acc else None,
-                     "chosen": " ".join(f"{k}:{v}" for k, v in sorted(
-                         chosen.items(), key=lambda kv: -kv[1])[:3])})
+        row["chosen"] = " ".join(f"{k}:{v}" for k, v in sorted(
+            chosen.items(), key=lambda kv: -kv[1])[:3])
+        rows.append(row)
     return rows
 
 
-def headline(rows: list[dict]) -> list[dict]:
-    """The verdict's rows: per (cell and greedy rule, batch), the target alone, vLLM SD and MTAD
-    (default) with MTAD's ratios on equal samplers, and as shipped where measured."""
-    at = {(r["cell"], r["batch"], r["config"]): r for r in rows}
+def _mean_rate(requests: list[dict], rate: str) -> float:
+    values = [q[rate] for q in requests if q[rate] is not None]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def headline(runs: list[dict], until: float = 0.05) -> list[dict]:
+    """Per (cell and greedy rule, batch): MTAD's decode rate over vLLM SD's and the target
+    alone's, with 95 % intervals over paired requests, and the end-to-end ratios per length;
+    ``wide``: an interval reaches beyond ±``until`` of its ratio."""
     out = []
-    for (cell, batch, config), r in at.items():
-        if config.split(" ")[0] != "mtad":  # the default MTAD, one row per greedy rule at T=0
+    keys = sorted({(x["cell"], x["batch"], x["config"]) for x in runs})
+    for cell, batch, config in keys:
+        if config.split(" ")[0] != "mtad":
             continue
         mode = config.split(" ")[1] if " " in config else None
-        tgt, sd = at.get((cell, batch, "target")), at.get((cell, batch, "vllm_sd"))
-        row = {"cell": cell + (f" {mode}" if mode else ""), "batch": batch, "target": tgt,
-               "vllm_sd": sd, "mtad": r}
-        for name, base in (("vs_sd", sd), ("vs_target", tgt)):
-            row[name] = r["median"] / base["median"] if base else None
-        shipped_sd = at.get((cell, batch, "vllm_sd" + SHIPPED))
-        shipped_tgt = at.get((cell, batch, "target" + SHIPPED))
-        row["shipped_vs_sd"] = r["median"] / shipped_sd["median"] if shipped_sd else None
-        row["shipped_vs_target"] = r["median"] / shipped_tgt["median"] if shipped_tgt else None
-        row["sampler_gain"] = (tgt["median"] / shipped_tgt["median"]
-                               if tgt and shipped_tgt else None)
+        row = {"cell": cell + (f" {mode}" if mode else ""), "batch": batch, "config": config,
+               "wide": False}
+        for name, base in (("vs_sd", "vllm_sd"), ("vs_target", "target")):
+            a, b = decode_pairs(runs, cell, batch, config, base)
+            if not a:
+                row[name] = None
+                continue
+            ratio, lo, hi = ratio_interval(a, b)
+            row[name] = {"ratio": ratio, "low": lo, "high": hi}
+            row["wide"] |= hi - lo > 2 * until * ratio
+            lengths = sorted({q["length"] for x in runs for q in x["requests"]})
+            row[name]["e2e"] = {}
+            for n in lengths:
+                ea, eb = decode_pairs(runs, cell, batch, config, base, "e2e_tok_s",
+                                      lambda q, n=n: q["length"] == n)
+                if ea:
+                    row[name]["e2e"][n] = sum(ea) / sum(eb)
         out.append(row)
     order = {"T=1": 0, "T=0 joint": 1, "T=0 exact": 2}
     return sorted(out, key=lambda x: (x["batch"], order.get(x["cell"], 9)))
 
 
-def _tok(r: dict | None) -> str:
+def _rate(r: dict | None, key: str = "decode") -> str:
     if r is None:
         return "–"
-    acc = f" ({r['acceptance']:.2f})" if r.get("acceptance") else ""
-    return f"{r['median']:.1f} [{r['min']:.1f}, {r['max']:.1f}]{acc}"
+    acc = f" ({r['acceptance']:.2f})" if r.get("acceptance") and key == "decode" else ""
+    s = r[key]
+    return f"{s['median']:.1f} [{s['min']:.1f}, {s['max']:.1f}]{acc}"
 
 
-def _x(v) -> str:
-    return "–" if v is None else f"{v:.2f}x"
+def _ratio(v: dict | None) -> str:
+    if v is None:
+        return "–"
+    return f"{v['ratio']:.2f}x [{v['low']:.2f}, {v['high']:.2f}]"
 
 
-def markdown(rows: list[dict], env: dict, minutes: float) -> str:
-    """The headline table, then every configuration's cell, then the sampler's own share."""
-    lines = ["| cell | batch | target alone | vLLM SD (acc.) | MTAD default (acc.) | "
-             "MTAD / SD | MTAD / target | as shipped: MTAD / SD, / target |",
-             "|---|---|---|---|---|---|---|---|"]
-    heads = headline(rows)
-    for h in heads:
-        shipped = ("–" if h["shipped_vs_sd"] is None
-                   else f"{_x(h['shipped_vs_sd'])}, {_x(h['shipped_vs_target'])}")
-        lines.append(f"| {h['cell']} | {h['batch']} | {_tok(h['target'])} | "
-                     f"{_tok(h['vllm_sd'])} | {_tok(h['mtad'])} | {_x(h['vs_sd'])} | "
-                     f"{_x(h['vs_target'])} | {shipped} |")
-    gains = [f"batch {h['batch']}: {_x(h['sampler_gain'])}" for h in heads
-             if h["sampler_gain"] is not None]
-    lines += ["", "tok/s: median [min, max] of the repeats; acc.: tokens per target pass. Equal "
-              "samplers: every engine draws top-k/top-p by the same k-selection (the same "
-              "tokens as vLLM's sort)."]
-    if gains:
-        lines.append("The sampler alone (the target alone selecting / with vLLM's own sort, "
-                     "T=1): " + ", ".join(gains) + ".")
-    lines += ["", f"{env.get('cpu_model', '?')} ({env['cpus']} CPUs; flags "
-              f"{' '.join(env.get('cpu_flags', []))}), vLLM {env['vllm']}, torch "
-              f"{env['torch']}, code {env['code_version']} (commit {env['commit'][:12]}), "
-              f"{env['date']}, {minutes:.1f} min.", "",
-              "| cell | batch | configuration | tok/s | min | max | acceptance | MTAD chose "
-              "(steps) |", "|---|---|---|---|---|---|---|---|"]
+def markdown(runs: list[dict], env: dict, minutes: float, lengths: list[int]) -> str:
+    """The headline table (decode rates, ratios with intervals, end-to-end ratios, CPU-s per
+    token), then every configuration's row and its rates per prompt set and length."""
+    rows = config_rows(runs)
+    at = {(r["cell"], r["batch"], r["config"]): r for r in rows}
+    e2e_head = " / ".join(str(n) for n in lengths)
+    lines = [f"{env.get('cpu_model', '?')} ({env['cpus']} CPUs; flags "
+             f"{' '.join(env.get('cpu_flags', []))}), {env.get('dtype', '?')}; vLLM "
+             f"{env['vllm']}, torch {env['torch']}, code {env['code_version']} (commit "
+             f"{env['commit'][:12]}), {env['date']}, {minutes:.1f} min.", "",
+             "| cell | batch | decode tok/s: target alone | vLLM SD (acc.) | MTAD default (acc.) "
+             f"| MTAD / SD | MTAD / target | end to end, {e2e_head} tokens: MTAD / SD | CPU-s "
+             "per token: target, SD, MTAD | MTAD drafted (steps) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for h in headline(runs):
+        base = "T=1" if h["cell"] == "T=1" else "T=0"
+        tgt, sd = at.get((base, h["batch"], "target")), at.get((base, h["batch"], "vllm_sd"))
+        mtad = at[(base, h["batch"], h["config"])]
+        e2e = "–" if h["vs_sd"] is None else " / ".join(
+            f"{h['vs_sd']['e2e'].get(n, float('nan')):.2f}x" for n in lengths)
+        cpu = ", ".join("–" if r is None else f"{r['cpu_s_per_token']:.2f}"
+                        for r in (tgt, sd, mtad))
+        lines.append(f"| {h['cell']} | {h['batch']} | {_rate(tgt)} | {_rate(sd)} | "
+                     f"{_rate(mtad)} | {_ratio(h['vs_sd'])} | {_ratio(h['vs_target'])} | "
+                     f"{e2e} | {cpu} | {mtad['chosen'] or '–'} |")
+    lines += ["", "Decode tok/s: per request, output tokens after the first over the time "
+              "after the first token (vLLM's request timestamps), the mean over a run's "
+              "requests; median [min, max] over rounds. Ratios: of the mean decode rates over "
+              "the same requests, with a 95 % interval from resampling them. End to end: "
+              "tokens over time to first token plus decoding, per request. CPU-s per token: "
+              "this process's user + system time over the tokens (2 cores: up to 2 s a "
+              "second). acc.: tokens per target pass. Equal samplers: every engine draws "
+              "top-k/top-p by the same k-selection.", "",
+              "| cell | batch | configuration | decode tok/s | end to end tok/s | run tok/s | "
+              "CPU-s/token | acceptance | by prompt set and length: decode, end to end | "
+              "MTAD chose (steps) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["batch"], r["cell"], r["config"])):
         acc = f"{r['acceptance']:.2f}" if r["acceptance"] else "–"
-        lines.append(f"| {r['cell']} | {r['batch']} | {r['config']} | {r['median']:.2f} | "
-                     f"{r['min']:.2f} | {r['max']:.2f} | {acc} | {r['chosen']} |")
+        groups = "; ".join(f"{k}: {v['decode']:.1f}, {v['e2e']:.1f}"
+                           for k, v in r["by_group"].items())
+        lines.append(f"| {r['cell']} | {r['batch']} | {r['config']} | {_rate(r)} | "
+                     f"{_rate(r, 'e2e')} | {r['tok_s']:.1f} | {r['cpu_s_per_token']:.2f} | "
+                     f"{acc} | {groups} | {r['chosen']} |")
     return "\n".join(lines)
 
 
 def write_report(args, target, draft, env, runs, seconds) -> str:
-    rows = cells_of(runs)
-    table = markdown(rows, env, seconds / 60)
+    table = markdown(runs, env, seconds / 60, args.lengths)
     payload = {"environment": env, "args": {k: str(v) if isinstance(v, Path) else v
                                             for k, v in vars(args).items()},
                "target": str(target), "draft": str(draft), "minutes": seconds / 60,
-               "headline": [{k: (v["median"] if isinstance(v, dict) else v)
-                             for k, v in h.items()} for h in headline(rows)],
-               "cells": rows, "runs": runs}
+               "headline": headline(runs, args.until), "configs": config_rows(runs),
+               "runs": runs}
     write_outputs("speed", payload, table, args.out)
-    _plot(rows, args.out / "speed.png")
+    _plot(config_rows(runs), args.out / "speed.png")
     return table
 
 
 def _plot(rows, path) -> None:
-    """tok/s against batch, one panel per cell, one line per configuration."""
+    """Decode tok/s against batch, one panel per cell, one line per configuration."""
     try:
         import matplotlib
 
@@ -412,7 +561,8 @@ def _plot(rows, path) -> None:
     fig, axes = plt.subplots(1, len(cells), figsize=(5.5 * len(cells), 4), squeeze=False)
     for ax, cell in zip(axes[0], cells):
         for i, config in enumerate(configs):
-            pts = sorted((r["batch"], r["median"], r["min"], r["max"]) for r in rows
+            pts = sorted((r["batch"], r["decode"]["median"], r["decode"]["min"],
+                          r["decode"]["max"]) for r in rows
                          if r["cell"] == cell and r["config"] == config)
             if not pts:
                 continue
@@ -423,7 +573,7 @@ def _plot(rows, path) -> None:
                         linestyle="--" if config.endswith(SHIPPED) else "-")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch (requests at once)")
-        ax.set_ylabel("output tokens/s")
+        ax.set_ylabel("decode tokens/s per request")
         ax.set_title(cell)
         ax.legend(fontsize=7)
     fig.tight_layout()

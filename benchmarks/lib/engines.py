@@ -3,9 +3,11 @@ equal-sampler switch.
 
 An *engine* is one vLLM ``LLM`` (in this process); a *configuration* is what a timed run asks of
 one: the target alone, vLLM's own speculative decoding (``draft_model``, standard rejection
-sampling), or MTAD with the default adaptive policy, fixed W=4 and γ=4, or the policy bounded
-by a longer γ. The MTAD configurations share one engine and differ only in what the policy may
-choose (vllm_mtad.policy.controller.force_plans / limit_plans), so they share its measurements.
+sampling), or MTAD: the default (adaptive policy, W <= 4, γ <= 8, what the README tells a user
+to set), a forced arm ``mtad_w{W}g{γ}`` on an MTAD engine of its own (so that the default's
+engine serves default requests only), or ``mtad_fixed`` (W=4, γ=4 forced on the default's
+engine, which then learns from those steps too: what earlier verdicts ran). Forced arms go
+through vllm_mtad.policy.controller.force_plans.
 
 **Equal samplers.** On CPU vLLM's top-k/top-p sorts the whole vocabulary, and MTAD's engine
 selects instead; a comparison at T=1 with top-k/top-p then measures the sampler as much as the
@@ -29,15 +31,32 @@ CONFIGS = {
     "target": "the target alone",
     "vllm_sd": "vLLM draft_model, probabilistic drafts, rejection sampling",
     "vllm_sd_greedy": "vLLM draft_model, greedy drafts",
-    "mtad": "MTAD, the default (adaptive policy, W <= 4, gamma <= 4)",
-    "mtad_fixed": "MTAD, W=4 and gamma=4 every step",
-    "mtad_g8": "MTAD, adaptive policy with gamma <= 8",
+    "mtad": "MTAD, the default (adaptive policy, W <= 4, gamma <= 8)",
+    "mtad_fixed": "MTAD, W=4 and gamma=4 every step, on the default's engine",
+    "mtad_w1g4": "MTAD, W=1 and gamma=4 every step, on an engine of its own",
+    "mtad_w4g4": "MTAD, W=4 and gamma=4 every step, on an engine of its own",
+    "mtad_w1g8": "MTAD, W=1 and gamma=8 every step, on an engine of its own",
+    "mtad_w4g8": "MTAD, W=4 and gamma=8 every step, on an engine of its own",
 }
 
 
-def engine_of(config: str) -> str:
-    """The engine a configuration runs on: "target", "sd", "sd_greedy" or "mtad"."""
+def forced_arm(config: str) -> tuple[int, int] | None:
+    """(W, γ) a configuration forces on every step (None: the adaptive policy)."""
     base = config.removesuffix(SHIPPED).split(" ")[0]
+    if base == "mtad_fixed":
+        return (4, 4)
+    if base.startswith("mtad_w"):
+        width, gamma = base.removeprefix("mtad_w").split("g")
+        return int(width), int(gamma)
+    return None
+
+
+def engine_of(config: str) -> str:
+    """The engine a configuration runs on: "target", "sd", "sd_greedy", "mtad" (the default
+    and mtad_fixed) or "mtad_forced" (the forced arms mtad_w*)."""
+    base = config.removesuffix(SHIPPED).split(" ")[0]
+    if base.startswith("mtad_w"):
+        return "mtad_forced"
     if base.startswith("mtad"):
         return "mtad"
     return {"target": "target", "vllm_sd": "sd", "vllm_sd_greedy": "sd_greedy"}[base]
@@ -53,8 +72,8 @@ class EngineSet:
     tiny: bool
     max_num_seqs: int
     dtype: str = "bfloat16"  # of the real pair (the tiny pair runs in float32)
-    gamma: int = 4
-    long_gamma: int = 8  # the γ bound of mtad_g8 (its engine is built with this γ)
+    gamma: int = 4  # vLLM SD's γ
+    long_gamma: int = 8  # the MTAD engines' γ: the default's bound, the forced arms' room
 
     def common(self) -> dict:
         return dict(
@@ -76,17 +95,18 @@ class EngineSet:
                    for e in engines)
 
     def build(self, engine: str, mtad_gamma: int | None = None):
-        """A fresh engine ("target", "sd", "sd_greedy" or "mtad", whose γ is ``mtad_gamma``,
-        default ``gamma``)."""
+        """A fresh engine ("target", "sd", "sd_greedy", "mtad" or "mtad_forced", whose γ is
+        ``mtad_gamma``, default ``long_gamma``)."""
         if engine == "target":
             return build_llm(self.target, None, **self.common())
         # Acceptance per engine (vLLM's global counters belong to the engine built last, and
         # several are alive here): per-request metrics, which vLLM allows with speculative
         # decoding only.
         kw = {**self.common(), "per_request_spec_decode_metrics": "summary"}
-        if engine == "mtad":
+        if engine in ("mtad", "mtad_forced"):
             return build_llm(self.target, mtad_spec(
-                self.draft, gamma=mtad_gamma or self.gamma, speculation_policy="adaptive"), **kw)
+                self.draft, gamma=mtad_gamma or self.long_gamma,
+                speculation_policy="adaptive"), **kw)
         greedy = {"draft_sample_method": "greedy"} if engine == "sd_greedy" else {}
         return build_llm(self.target, draft_model_spec(self.draft, self.gamma, **greedy), **kw)
 
@@ -105,19 +125,19 @@ def weights_bytes(model_dir: str, dtype: str) -> int:
     return stored * size.get(dtype, 4) // size.get(stored_dtype, 4)
 
 
-def prepare(llm, config: str, gamma: int) -> dict:
+def prepare(llm, config: str) -> dict:
     """Set ``llm`` up for a run of ``config``: the sampler (vLLM's own for ``... as
-    shipped``, the selection otherwise) and, on the MTAD engine, what the policy may choose.
-    Returns the selection's counts so far (see :func:`selection_counts`)."""
+    shipped``, the selection otherwise) and, on an MTAD engine, the arm it forces (none: the
+    adaptive policy, up to the engine's γ). Returns the selection's counts so far (see
+    :func:`selection_counts`)."""
     from vllm_mtad.patches.worker.patch_topk_topp_sampler import use_selection
 
     counts = llm.collective_rpc(use_selection, args=(not config.endswith(SHIPPED),))[0]
-    base = config.removesuffix(SHIPPED).split(" ")[0]
-    if engine_of(config) == "mtad":
-        from vllm_mtad.policy.controller import force_plans, limit_plans
+    if engine_of(config).startswith("mtad"):
+        from vllm_mtad.policy.controller import force_plans
 
-        llm.collective_rpc(force_plans([(4, gamma)] if base == "mtad_fixed" else None))
-        llm.collective_rpc(limit_plans(None if base == "mtad_g8" else gamma))
+        arm = forced_arm(config)
+        llm.collective_rpc(force_plans(None if arm is None else [arm]))
     return counts
 
 

@@ -10,6 +10,8 @@
   problems, resampling problems jointly (the pairing removes the between-problem variance that
   two independent intervals would count twice).
 - ``pareto_frontier``: the points no other point beats on both speed and quality.
+- ``ratio_interval``: the ratio of two configurations' means over paired measurements (the
+  same requests), with a 95 % percentile interval from resampling the pairs.
 """
 
 from __future__ import annotations
@@ -78,3 +80,21 @@ def summary(values: list[float]) -> dict:
 
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
             "n": len(values)}
+
+
+def ratio_interval(a: Sequence[float], b: Sequence[float], reps: int = 2000, seed: int = 0,
+                   level: float = 0.95) -> tuple[float, float, float]:
+    """(mean(a) / mean(b), low, high) over paired values a[i], b[i] (the same request in the
+    same repeat, timed on two configurations), resampling the pairs jointly."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired values need equal, non-zero lengths, got {len(a)} and {len(b)}")
+    n = len(a)
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(reps):
+        idx = [rng.randrange(n) for _ in range(n)]
+        den = sum(b[i] for i in idx)
+        ratios.append(sum(a[i] for i in idx) / den if den else float("inf"))
+    ratios.sort()
+    tail = (1.0 - level) / 2
+    return (sum(a) / sum(b), _percentile(ratios, tail), _percentile(ratios, 1.0 - tail))

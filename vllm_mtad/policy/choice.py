@@ -19,6 +19,7 @@ No vLLM, no torch. Why each rule: docs/policy-decisions.md (anchors named below)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from vllm_mtad.policy.batch import Batch, Bounds, Plan, batch_beams, row_beams
@@ -31,14 +32,18 @@ EXPLORE_SHARE = 0.02
 @dataclass(frozen=True)
 class Tuning:
     """How :func:`choose` explores: one step in ``explore_period``; the configured arm until
-    every cost line has ``min_samples``; arms' tokens priced ``confidence`` standard errors
-    below their estimate; the step without a draft explored first until ``min_no_draft`` steps
-    of the batch size have measured it."""
+    every cost line has ``min_samples`` and each of the batch's classes has ``min_drafts``
+    drafts of the full length (#cold-start-measures-the-long-arm); arms' tokens priced
+    ``confidence`` standard errors below their estimate, and the optimistic exploration's
+    at least sqrt(2 ln step) above it (#optimism-grows-with-steps); the step without a draft
+    explored first, where the budget allows, until ``min_no_draft`` steps of the batch size
+    have measured it."""
 
     explore_period: int = 16
     min_samples: int = 8
     confidence: float = 1.0
     min_no_draft: int = 3
+    min_drafts: int = 16
 
 
 def expected_tokens(batch: Batch, stats: dict, width: int, num_tokens: int,
@@ -136,7 +141,8 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
     (:func:`_explore`), unless that costs more than ``budget`` (seconds, the caller's
     :class:`ExplorationBudget`)."""
     full_width = batch_beams(batch.classes, bounds.beam_width)
-    if batch.size == 0 or not costs.ready(tuning.min_samples, bounds.max_tokens):
+    if batch.size == 0 or not (costs.ready(tuning.min_samples, bounds.max_tokens)
+                               and long_arm_measured(batch, stats, bounds, tuning.min_drafts)):
         return Plan(full_width, bounds.max_tokens)
     prices = _Prices(batch, costs, stats)
     best, best_goodput = None, -1.0
@@ -155,6 +161,22 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
                 / max(best_goodput, 1e-9))
 
 
+def long_arm_measured(batch: Batch, stats: dict, bounds: Bounds, min_drafts: int) -> bool:
+    """Whether every class of ``batch`` has ``min_drafts`` (decayed) drafts of the longest
+    length at its full width: those also count as drafts of every shorter length, so each
+    arm's acceptance then rests on more than one request's opening
+    (#cold-start-measures-the-long-arm)."""
+    G = bounds.max_tokens
+    if G <= 0 or min_drafts <= 0:
+        return True
+    for cls in batch.classes:
+        s = stats[cls]
+        w = min(row_beams(cls, bounds.beam_width), s.beam_width)
+        if s.drafted[w - 1][min(G, s.max_tokens) - 1] < min_drafts:
+            return False
+    return True
+
+
 def _explore(prices: _Prices, bounds: Bounds, turn: int, best: tuple, budget: float,
              tuning: Tuning) -> Plan | None:
     """The exploration step's arm, in turn (#exploration-cycle, #optimistic-arm):
@@ -162,9 +184,12 @@ def _explore(prices: _Prices, bounds: Bounds, turn: int, best: tuple, budget: fl
     - one of a fixed cycle (W = 1 and W = beam_width at the full length, half the length, the
       shortest draft and, where the bounds allow, no draft), which keeps the cost lines
       measured at sizes the chosen arms never reach; the step without a draft first, until
-      ``tuning.min_no_draft`` steps of this batch size have measured it;
-    - every other turn, the drafting arm with the best goodput priced ``confidence`` standard
-      errors *above* its tokens (an upper confidence bound), where that beats the best arm.
+      ``tuning.min_no_draft`` steps of this batch size have measured it, where the budget
+      allows it (a step without a draft costs a drafting step's tokens and the draft's
+      catch-up: it must not hold back every other exploration, #no-draft-first-if-affordable);
+    - every other turn, the drafting arm with the best goodput priced sqrt(2 ln step) (at
+      least ``confidence``) standard errors *above* its tokens (an upper confidence bound that
+      grows while an arm goes unmeasured), where that beats the best arm.
 
     None where no arm is left or the arm costs more than ``budget`` (#exploration-budget)."""
     batch, costs, stats = prices.batch, prices.costs, prices.stats
@@ -181,10 +206,13 @@ def _explore(prices: _Prices, bounds: Bounds, turn: int, best: tuple, budget: fl
     skip = [(min(full_width, narrow), 0)] if bounds.min_tokens == 0 and g > 0 else []
     owed = costs.reading_time(batch)
     candidates = [c for c in candidates if prices.explorable(c, owed)] + skip
-    if skip and costs.no_draft_ratio(batch.size).samples < tuning.min_no_draft:
+    if (skip and costs.no_draft_ratio(batch.size).samples < tuning.min_no_draft
+            and exploration_cost(batch, costs, stats, skip[0], best_goodput) <= budget):
         candidates = skip
     elif turn % 2 == 0:
-        pick = _optimistic_arm(prices, bounds, best, tuning.confidence, owed)
+        step = turn * max(tuning.explore_period, 1)
+        optimism = max(tuning.confidence, math.sqrt(2.0 * math.log(max(step, 2))))
+        pick = _optimistic_arm(prices, bounds, best, optimism, owed)
         if pick is not None:
             candidates = [pick]
     if not candidates:
