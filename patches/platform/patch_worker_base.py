@@ -9,7 +9,9 @@ Why: the worker patches (``patches/worker/``: the MTAD drafter and sampler in th
     built through ``WorkerBase.__init__``, in ``WorkerWrapperBase.init_worker``, after plugins
     load and before the model runner exists.
 How: wraps ``__init__``: the wrapper applies the worker patches (once per process,
-    vllm_mtad.patches.apply_worker_patches) and then runs vLLM's ``__init__`` unchanged. A
+    vllm_mtad.patches.apply_worker_patches), runs vLLM's ``__init__`` unchanged, and then, for
+    an MTAD engine spanning nodes (``nnodes`` > 1) only, starts vllm_mtad.watchdog in the worker
+    (a worker whose launcher or node 0 is gone ends instead of living on unsupervised). A
     process that builds no worker (the API server; the engine core when the workers run in
     their own processes, always on CPU and with TP > 1) never imports or patches the model
     runner; where the worker runs in the engine core's process (UniProcExecutor: in-process
@@ -42,6 +44,9 @@ def apply() -> None:
 
             apply_worker_patches()
             original(self, *args, **kwargs)
+            from vllm_mtad.watchdog import start_for
+
+            start_for(self.vllm_config)
 
         return __init__
 
