@@ -277,6 +277,10 @@ def parse_args(argv):
     ap.add_argument("--out", type=Path, default=RESULTS / "speed")
     ap.add_argument("--log", type=Path, help="vLLM's log (default: OUT/vllm.log)")
     ap.add_argument("--verbose", action="store_true", help="vLLM's log on the terminal")
+    ap.add_argument("--trace-policy", action="store_true",
+                    help="record every decision of the MTAD default's policy (inputs, plan, "
+                         "time, acceptance) to OUT/policy-trace.jsonl.gz; read it with "
+                         "`python -m devtools.policy_trace explain` (--instances run only)")
     args = ap.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
@@ -316,8 +320,11 @@ def main(argv=None) -> None:
                 "family": sum(len({b for _, b, cs in plan if any(engine_of(c) == f for c in cs)})
                               for f in families),
                 "repeat": sum(len({engine_of(c) for c in cs}) for _, _, cs in plan)}
+    if args.trace_policy and args.instances != "run":
+        raise SystemExit("--trace-policy needs the engines in this process (--instances run)")
     runs, started = [], time.time()
-    with output_to(log) as terminal:
+    args.out.mkdir(parents=True, exist_ok=True)
+    with output_to(log) as terminal, _policy_trace(args):
         bar = tqdm(total=args.repeats * per_round + warm_ups[args.instances]
                    * (args.repeats if args.instances != "run" else 1),
                    unit="run", desc="runs", file=terminal)
@@ -349,6 +356,17 @@ def main(argv=None) -> None:
             bar.close()
     print(write_report(args, target, draft, env, runs, time.time() - started))
     print(f"\nwritten to {args.out} in {(time.time() - started) / 60:.1f} min", file=sys.stderr)
+
+
+def _policy_trace(args):
+    """devtools.policy_trace.recording into OUT/policy-trace.jsonl.gz with --trace-policy."""
+    import contextlib
+
+    if not args.trace_policy:
+        return contextlib.nullcontext()
+    from devtools.policy_trace import recording
+
+    return recording(str(args.out / "policy-trace.jsonl.gz"))
 
 
 def one_round(bar, engines, spec, plan, families, r, args) -> list:

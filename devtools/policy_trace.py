@@ -11,6 +11,14 @@ trace on every test run).
 
     python -m devtools.policy_trace record --out tests/data/policy-trace.jsonl.gz
     python -m devtools.policy_trace replay tests/data/policy-trace.jsonl.gz
+    python -m devtools.policy_trace explain TRACE [--arms 4x1,4x4,4x8]
+
+Each recorded decision also carries when it was made (``t``, seconds) and, once the target has
+verified that step's drafts, what it accepted (``accepted``: draft tokens over the step's rows;
+``rows``): ``explain`` prices every listed arm at every decision with the recorded inputs and
+sets the arm chosen, its predicted tokens per second, beside the realised ones (the step's
+tokens over the time to the next decision), and says how often and when the policy explored.
+``benchmarks.speed --trace-policy`` records the MTAD default engine's decisions in a speed run.
 """
 
 from __future__ import annotations
@@ -100,24 +108,110 @@ def _decode(entry: dict, policy):
 @contextlib.contextmanager
 def recording(path: str):
     """Every call of the policy's choice while in the block, appended to ``path`` (JSONL,
-    gzip)."""
+    gzip), with its time and, where the controller reports it, what the target accepted of
+    that step's drafts (an entry is written when the next decision comes)."""
+    import time
+
     policy = _policy_module()
     original = policy.choose
     out = gzip.open(path, "wt")
+    pending = []  # the last decision, written when the next one comes (its acceptance known)
+    controller = _controller_class()
+    original_record = getattr(controller, "record_acceptance", None)
+
+    def flush():
+        while pending:
+            out.write(json.dumps(pending.pop(0)) + "\n")
 
     def choose(batch, costs, stats, bounds, step, *args, **kwargs):
         budget = kwargs.get("budget", float("inf"))
-        entry = _encode(batch, costs, stats, bounds, step, budget)
+        # A copy: the entry is written after the next step has changed these objects.
+        entry = json.loads(json.dumps(_encode(batch, costs, stats, bounds, step, budget)))
+        t = time.perf_counter()
         plan = original(batch, costs, stats, bounds, step, *args, **kwargs)
-        out.write(json.dumps(entry | {"plan": _plan(plan)}) + "\n")
+        flush()
+        pending.append(entry | {"plan": _plan(plan), "t": t})
         return plan
 
+    def record_acceptance(self, classes, widths, drafted, prefix_accepted):
+        original_record(self, classes, widths, drafted, prefix_accepted)
+        if pending and prefix_accepted.numel():
+            pending[-1]["accepted"] = int(prefix_accepted[:, -1].clamp(min=0).sum())
+            pending[-1]["rows"] = len(classes)
+
     policy.choose = choose
+    if original_record is not None:
+        controller.record_acceptance = record_acceptance
     try:
         yield
     finally:
         policy.choose = original
+        if original_record is not None:
+            controller.record_acceptance = original_record
+        flush()
         out.close()
+
+
+def _controller_class():
+    try:
+        from vllm_mtad.policy.controller import SpeculationController
+    except ImportError:  # earlier commits
+        return None
+    return SpeculationController
+
+
+def explain(path: str, arms: list[tuple[int, int]], every: int = 1) -> str:
+    """Per decision (every ``every``-th): the plan, the rows' tokens left, and each of ``arms``
+    priced with the recorded inputs (goodput, its tokens); then per arm chosen: steps,
+    predicted and realised tokens per second (a step's rows plus accepted tokens over the time
+    to the next decision; steps that read a prompt left out), and the explorations."""
+    policy = _policy_module()
+    with gzip.open(path, "rt") as f:
+        entries = [json.loads(line) for line in f]
+    lines = ["| # | step | plan | tokens left | " + " | ".join(f"W{w} γ{g}" for w, g in arms)
+             + " | realised tok/s |", "|---|---|---|---|" + "---|" * len(arms) + "---|"]
+    chosen: dict = {}
+    explored = []
+    for i, e in enumerate(entries):
+        batch, costs, stats, bounds = _decode(e, policy)
+        p = e["plan"]
+        arm = (p["beam_width"], p["num_tokens"])
+        realised = None
+        nxt = entries[i + 1] if i + 1 < len(entries) else None
+        if nxt is not None and "t" in e and batch.other_tokens == 0 \
+                and nxt["batch"]["other_tokens"] == 0:
+            tokens = e.get("rows", batch.size) + e.get("accepted", 0)
+            realised = tokens / max(nxt["t"] - e["t"], 1e-9)
+            c = chosen.setdefault(arm, {"steps": 0, "predicted": [], "tokens": 0, "s": 0.0})
+            c["steps"] += 1
+            c["tokens"] += tokens
+            c["s"] += nxt["t"] - e["t"]
+            if p["goodput"] is not None:
+                c["predicted"].append(p["goodput"])
+        if p["explore"]:
+            explored.append(f"{e['step']}: W{arm[0]} γ{arm[1]}")
+        if i % every:
+            continue
+        priced = []
+        for w, g in arms:
+            if g > bounds.max_tokens or w > bounds.beam_width:
+                priced.append("–")
+                continue
+            value = policy.goodput(batch, costs, stats, w, g)
+            priced.append(f"{value:.2f} ({policy.expected_tokens(batch, stats, w, g):.2f})")
+        left = f"{batch.remaining_tokens:.0f}"
+        lines.append(f"| {i} | {e['step']} | W{arm[0]} γ{arm[1]}{' (explore)' if p['explore'] else ''}"
+                     f" | {left} | " + " | ".join(priced) + " | "
+                     + ("–" if realised is None else f"{realised:.2f}") + " |")
+    lines += ["", "| arm chosen | steps timed | predicted tok/s (mean) | realised tok/s |",
+              "|---|---|---|---|"]
+    for (w, g), c in sorted(chosen.items(), key=lambda kv: -kv[1]["steps"]):
+        pred = sum(c["predicted"]) / len(c["predicted"]) if c["predicted"] else float("nan")
+        lines.append(f"| W{w} γ{g} | {c['steps']} | {pred:.2f} | "
+                     f"{c['tokens'] / max(c['s'], 1e-9):.2f} |")
+    lines += ["", f"{len(entries)} decisions, {len(explored)} explorations"
+              + (": " + ", ".join(explored) if explored else ".")]
+    return "\n".join(lines)
 
 
 def replay(path: str) -> tuple[int, list]:
@@ -182,8 +276,16 @@ def main() -> None:
     rec.add_argument("--out", required=True)
     rep = sub.add_parser("replay")
     rep.add_argument("trace")
+    exp = sub.add_parser("explain")
+    exp.add_argument("trace")
+    exp.add_argument("--arms", default="1x0,4x1,4x2,4x4,4x8",
+                     help="the arms to price at each decision, WxG (default: %(default)s)")
+    exp.add_argument("--every", type=int, default=1, help="a table row every N decisions")
     args = parser.parse_args()
-    if args.command == "record":
+    if args.command == "explain":
+        arms = [tuple(int(x) for x in a.split("x")) for a in args.arms.split(",")]
+        print(explain(args.trace, arms, args.every))
+    elif args.command == "record":
         record(args.out)
         n, differ = replay(args.out)
         print(f"recorded {n} decisions to {args.out}")

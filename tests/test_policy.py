@@ -68,6 +68,7 @@ def stats_with(rates_by_width: dict, G=4, W=4, drafts=400, cls="sampled"):
                 own.record(w, G, L, n)
         stats[cls].drafted[w - 1] = own.drafted[w - 1]
         stats[cls].passed[w - 1] = own.passed[w - 1]
+        stats[cls].long_drafts[w - 1] = own.long_drafts[w - 1]
         stats[cls].drafts += own.drafts
     return stats
 

@@ -32,8 +32,8 @@ EXPLORE_SHARE = 0.02
 @dataclass(frozen=True)
 class Tuning:
     """How :func:`choose` explores: one step in ``explore_period``; the configured arm until
-    every cost line has ``min_samples`` and each of the batch's classes has ``min_drafts``
-    drafts of the full length (#cold-start-measures-the-long-arm); arms' tokens priced
+    every cost line has ``min_samples`` and each of the batch's classes has had ``min_drafts``
+    drafts of the longest arm (#cold-start-measures-the-long-arm); arms' tokens priced
     ``confidence`` standard errors below their estimate, and the optimistic exploration's
     at least sqrt(2 ln step) above it (#optimism-grows-with-steps); the step without a draft
     explored first, where the budget allows, until ``min_no_draft`` steps of the batch size
@@ -162,17 +162,16 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
 
 
 def long_arm_measured(batch: Batch, stats: dict, bounds: Bounds, min_drafts: int) -> bool:
-    """Whether every class of ``batch`` has ``min_drafts`` (decayed) drafts of the longest
-    length at its full width: those also count as drafts of every shorter length, so each
-    arm's acceptance then rests on more than one request's opening
-    (#cold-start-measures-the-long-arm)."""
-    G = bounds.max_tokens
-    if G <= 0 or min_drafts <= 0:
-        return True
+    """Whether every class of ``batch`` has had ``min_drafts`` verified drafts of the longest
+    length at its full width (ever: a count that does not decay). Those also count as drafts
+    of every shorter length, so each arm's acceptance then rests on more than one request's
+    opening (#cold-start-measures-the-long-arm)."""
     for cls in batch.classes:
         s = stats[cls]
+        if bounds.max_tokens != s.max_tokens:  # bounds narrowed by limit_plans: not the arm
+            continue
         w = min(row_beams(cls, bounds.beam_width), s.beam_width)
-        if s.drafted[w - 1][min(G, s.max_tokens) - 1] < min_drafts:
+        if s.long_drafts[w - 1] < min_drafts:
             return False
     return True
 

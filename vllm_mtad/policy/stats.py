@@ -40,12 +40,16 @@ class AcceptanceStats:
     drafted: list = field(default_factory=list)
     passed: list = field(default_factory=list)
     drafts: int = 0
+    # [W]: drafts of the longest length (max_tokens) by W beams, ever (not decayed): whether
+    # the policy's longest arm has been measured at all (#cold-start-measures-the-long-arm).
+    long_drafts: list = field(default_factory=list)
     _rates: list | None = None  # [W][g-1][i-1] estimates, recomputed after a record
 
     def __post_init__(self) -> None:
         G = self.max_tokens
         self.drafted = [[0.0] * G for _ in range(self.beam_width)]
         self.passed = [[[0.0] * g for g in range(1, G + 1)] for _ in range(self.beam_width)]
+        self.long_drafts = self.long_drafts or [0] * self.beam_width
 
     def record(self, width: int, num_drafted: int, num_accepted: int, count: int = 1) -> None:
         """``count`` drafts of ``num_drafted`` tokens by ``width`` beams, each with
@@ -75,6 +79,7 @@ class AcceptanceStats:
                 w = min(max(width, 1), self.beam_width) - 1
                 entries.setdefault(w, []).extend(e)
                 self.drafts += sum(n for _, _, n in cells)
+                self.long_drafts[w] += sum(n for d, _, n in cells if d == G)
         if not entries:
             return
         new = [0] * G
