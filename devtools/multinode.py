@@ -6,6 +6,7 @@ API, node 1 runs ``--headless``), read from the docs and run as written, ports c
 requests stream, and times what every client sees:
 
     python -m devtools.multinode faults --out DIR     # MTAD and vLLM's draft_model
+    python -m devtools.multinode equality --target DIR --draft DIR --out DIR   # another pair
 
 Faults (``--cases``): ``node1``, every process of node 1 at once (what a lost machine does to
 the other's sockets); ``launcher``, node 1's ``vllm-mtad serve`` process alone (its worker
@@ -534,6 +535,93 @@ def faults_main(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- equality (any pair)
+
+
+def pair_scripts(port: int, master_port: int, target: str, draft: str,
+                 dtype: str = "float32") -> dict[int, str]:
+    """The recipe's blocks for another pair (TARGET and DRAFT set instead of the tiny pair's
+    build) and dtype: the same commands otherwise."""
+    out = {}
+    for rank, block in node_scripts(port, master_port).items():
+        first, rest = block.split("\n", 1)
+        assert "devtools.tiny_models --env" in first, first
+        rest = _swap(rest, "--dtype float32", f"--dtype {dtype}")
+        out[rank] = f"TARGET={target!s}\nDRAFT={draft!s}\n{rest}"
+    return out
+
+
+def equality_requests(prompts: list[list[int]], tokens: int) -> dict[str, list[dict]]:
+    """{kind: one request body a prompt}: greedy "joint" and seeded T=1 (top-k 10) on the fixed
+    policy, greedy "exact" on the engine's (adaptive) default."""
+    fixed = {"vllm_xargs": {"speculation_policy": "fixed"}}
+    return {
+        "greedy": [{"prompt": p, "max_tokens": tokens, "temperature": 0.0, **fixed}
+                   for p in prompts],
+        "sampled": [{"prompt": p, "max_tokens": tokens, "temperature": 1.0, "top_k": 10,
+                     "seed": i, **fixed} for i, p in enumerate(prompts)],
+        "exact": [{"prompt": p, "max_tokens": tokens, "temperature": 0.0,
+                   "vllm_xargs": {"greedy_acceptance": "exact"}} for p in prompts]}
+
+
+def _tp1_tokens(target: str, draft: str, dtype: str, reqs: dict[str, list[dict]]) -> dict:
+    """The same requests on one in-process TP=1 engine with the fixed policy (W=4, γ=4)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from devtools.engine import build_llm, close, mtad_spec
+
+    llm = build_llm(target, mtad_spec(draft, 4, 4, 0.5), dtype=dtype, kv_cache_bytes=1 << 30)
+    out = {}
+    for kind, bodies in reqs.items():
+        params = [SamplingParams(max_tokens=b["max_tokens"], temperature=b["temperature"],
+                                 top_k=b.get("top_k", 0) or -1, seed=b.get("seed"),
+                                 ignore_eos=True,
+                                 extra_args=({"greedy_acceptance": "exact"} if kind == "exact"
+                                             else None)) for b in bodies]
+        gens = llm.generate([TokensPrompt(prompt_token_ids=b["prompt"]) for b in bodies],
+                            params, use_tqdm=False)
+        out[kind] = [list(g.outputs[0].token_ids) for g in gens]
+    close(llm)
+    return out
+
+
+def equality_main(args) -> int:
+    """Two nodes against TP=1 and, for greedy "exact", the plain-PyTorch reference."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from devtools import reference as ref
+
+    tok = AutoTokenizer.from_pretrained(args.target)
+    prompts = [tok(text)["input_ids"] for text in args.prompts.split("|")]
+    reqs = equality_requests(prompts, args.tokens)
+    port = free_port()
+    t_start = time.monotonic()
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    with deployment(pair_scripts(port, free_port(), args.target, args.draft, args.dtype), port,
+                    args.out / "logs", env_extra=env) as dep:
+        startup = time.monotonic() - t_start
+        model = dep.model
+        two = {k: [complete(dep.base, model, b["prompt"], b["max_tokens"],
+                            **{x: y for x, y in b.items() if x not in ("prompt", "max_tokens")})
+                   for b in bodies] for k, bodies in reqs.items()}
+    _log("two nodes done; TP=1 next")
+    tp1 = _tp1_tokens(args.target, args.draft, args.dtype, reqs)
+    _log("TP=1 done; the reference's greedy decoding next")
+    dtype = {"float32": "float32", "bfloat16": "bfloat16"}[args.dtype]
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).eval()
+    reference = [ref.greedy_decode(target, p, args.tokens) for p in prompts]
+    result = {"target": args.target, "draft": args.draft, "dtype": args.dtype,
+              "prompts": args.prompts.split("|"), "tokens": args.tokens,
+              "startup_s": round(startup, 1), "two_nodes": two, "tp1": tp1,
+              "reference_exact": reference,
+              "equal": {k: two[k] == tp1[k] for k in two},
+              "exact_equals_reference": two["exact"] == reference}
+    (args.out / "equality.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: result[k] for k in ("equal", "exact_equals_reference", "startup_s")}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -541,7 +629,18 @@ def main(argv: list[str] | None = None) -> int:
     faults.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "multinode")
     faults.add_argument("--methods", default=",".join(METHODS))
     faults.add_argument("--cases", default=",".join(CASES))
+    equality = sub.add_parser("equality", help="two nodes against TP=1 and the reference")
+    equality.add_argument("--target", required=True)
+    equality.add_argument("--draft", required=True)
+    equality.add_argument("--dtype", default="float32")
+    equality.add_argument("--tokens", type=int, default=32)
+    equality.add_argument("--prompts", default="def fibonacci(n):|Write a function that "
+                          "reverses a string.|import numpy as np\n\ndef softmax(x):")
+    equality.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.cmd == "equality":
+        args.out.mkdir(parents=True, exist_ok=True)
+        return equality_main(args)
     return faults_main(args)
 
 

@@ -212,3 +212,61 @@ def test_the_recipe_has_one_block_per_node_with_the_same_engine_flags():
              (blocks[0], blocks[1])]
     assert strip[0] == strip[1]
     assert "--headless" in blocks[1] and "--headless" not in blocks[0]
+
+
+def _engine_args(block: str, target, draft) -> list[str]:
+    """The engine flags of a recipe block (what follows ``vllm-mtad serve TARGET``, without the
+    front end's ``--port`` and ``--headless``), the models' paths filled in."""
+    import shlex
+
+    text = block.split('vllm-mtad serve "$TARGET"', 1)[1].replace("\\\n", " ")
+    args = shlex.split(text.replace("$DRAFT", str(draft)))
+    args = [a for a in args if a != "--headless"]
+    if "--port" in args:
+        i = args.index("--port")
+        del args[i:i + 2]
+    return ["--model", str(target)] + args
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("layout, key", [
+    ("--tensor-parallel-size 1 --pipeline-parallel-size 2", "pipeline_parallel_size"),
+    ("--tensor-parallel-size 1 --data-parallel-size 2", "data_parallel_size")])
+def test_the_recipe_across_nodes_refuses_pipeline_and_data_parallelism(layout, key,
+                                                                       tiny_pair_dirs):
+    """Node 1's documented command builds its engine config (no model loaded); with pipeline
+    or data parallelism over the two nodes instead of tensor parallelism it stops at startup
+    with MTAD's message naming the key (vllm_mtad/config.py: check_parallel)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    argv = _engine_args(recipe()[1], *tiny_pair_dirs)
+    config = AsyncEngineArgs.from_cli_args(parser.parse_args(argv)).create_engine_config(
+        headless=True)
+    assert (config.parallel_config.nnodes, config.parallel_config.node_rank) == (2, 1)
+    assert config.parallel_config.tensor_parallel_size == 2
+    i = argv.index("--tensor-parallel-size")
+    changed = argv[:i] + layout.split() + argv[i + 2:]
+    with pytest.raises(ValueError, match=rf"MTAD does not support {key}=2"):
+        AsyncEngineArgs.from_cli_args(parser.parse_args(changed)).create_engine_config(
+            headless=True)
+
+
+@pytest.mark.unit
+def test_the_ray_executor_is_refused_on_cpu_naming_vllms_check_and_the_recipe(tiny_pair_dirs):
+    """vLLM's CPU platform declares no Ray device, so vLLM's Ray executor would fail later
+    ("current platform cpu does not support ray", vllm/v1/executor/ray_utils.py); MTAD refuses
+    it while the config is built, saying so and naming the multiprocessing recipe."""
+    from vllm.platforms import current_platform
+
+    from tests.engine_utils import engine_config, mtad_spec
+
+    assert current_platform.is_cpu() and current_platform.ray_device_key == ""
+    with pytest.raises(ValueError) as err:
+        engine_config(tiny_pair_dirs[0], mtad_spec(tiny_pair_dirs[1]),
+                      distributed_executor_backend="ray")
+    msg = str(err.value)
+    assert "distributed_executor_backend='ray'" in msg and "ray_device_key" in msg
+    assert "current platform cpu does not support ray." in msg
+    assert "--nnodes" in msg and "docs/usage.md#across-nodes" in msg

@@ -234,6 +234,24 @@ def check_parallel(parallel_config: Any) -> None:
             f"pipeline_parallel_size=1. {_PARALLEL_INSTEAD}")
 
 
+def check_executor(parallel_config: Any, platform_name: str, ray_device_key: str) -> None:
+    """Refuse vLLM's Ray executor on a platform that declares no Ray device (vLLM 0.32's CPU
+    platform: ``Platform.ray_device_key`` is empty), before vLLM fails on it later with
+    "current platform cpu does not support ray" (vllm/v1/executor/ray_utils.py), naming what
+    spans machines there instead."""
+    if getattr(parallel_config, "distributed_executor_backend", None) == "ray" \
+            and not ray_device_key:
+        raise ValueError(
+            f"MTAD cannot run with distributed_executor_backend='ray' "
+            f"(--distributed-executor-backend ray) on vLLM's {platform_name} platform: it "
+            "declares no Ray device (Platform.ray_device_key is empty), and vLLM's Ray executor "
+            f"refuses it (vllm/v1/executor/ray_utils.py: \"current platform {platform_name} "
+            "does not support ray.\"). Across machines use vLLM's multiprocessing executor: "
+            "--nnodes N --node-rank R --master-addr NODE0 --master-port P on every node, "
+            "--headless on all but node 0 (docs/usage.md#across-nodes); or one MTAD engine per "
+            "Ray actor (python -m vllm_mtad.ray_batch).")
+
+
 def from_additional_config(additional_config: Any) -> MTADConfig | None:
     """The engine's MTADConfig, or None for an engine that does not use MTAD."""
     if not isinstance(additional_config, dict) or ADDITIONAL_CONFIG_KEY not in additional_config:

@@ -9,6 +9,8 @@ How: wraps the method; with ``--spec-method mtad`` (``LLM(spec_method="mtad")``)
     the three flags into the dict as vLLM would (a flag and the same key in the dict are
     mutually exclusive); for an MTAD dict it refuses every parallel layout but tensor
     parallelism (context, data and pipeline parallelism > 1: config.check_parallel) and
+    vLLM's Ray executor where the platform declares no Ray device (config.check_executor:
+    on CPU vLLM would refuse it later with less to go on), and
     validates the MTAD keys (ValueError naming the key), moves them
     into ``additional_config["mtad"]`` (pickled to every process) and hands vLLM a plain
     ``method="draft_model"`` config; a local draft path must exist, hold a readable
@@ -30,7 +32,8 @@ from __future__ import annotations
 import functools
 
 from vllm_mtad.config import (METHOD, SPEC_FLAGS, check_context_fits, check_draft_model,
-                              check_parallel, fold_spec_flags, translate_speculative_config)
+                              check_executor, check_parallel, fold_spec_flags,
+                              translate_speculative_config)
 from vllm_mtad.patching import is_patched, patch
 from vllm_mtad.log import get_logger
 
@@ -56,6 +59,10 @@ def apply() -> None:
             is_mtad = isinstance(spec, dict) and spec.get("method") == METHOD
             if is_mtad:
                 check_parallel(target_parallel_config)
+                from vllm.platforms import current_platform
+
+                check_executor(target_parallel_config, current_platform.device_name,
+                               current_platform.ray_device_key)
                 self.speculative_config, self.additional_config = translate_speculative_config(
                     spec, self.additional_config)
                 check_draft_model(self.speculative_config["model"],
