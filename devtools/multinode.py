@@ -115,8 +115,8 @@ class Node:
         return found[0]
 
     def workers(self) -> list:
-        return [p for p in self.processes() if "multiprocessing" in _cmd(p)
-                and "Worker" in _name(p)]
+        """The tensor-parallel workers (vLLM retitles them "VLLM::Worker_TP<rank>")."""
+        return [p for p in self.processes() if "Worker_" in _name(p) + _cmd(p)]
 
     def signal_all(self, sig: int) -> None:
         try:
@@ -518,6 +518,12 @@ def faults_main(args) -> int:
               "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit,
               "vllm": vllm.__version__, **cpu_model_and_flags(), "bound_s": BOUND_S,
               "runs": []}
+    previous = out / "multinode_faults.json"
+    if args.append and previous.exists():  # runs of an earlier command, kept with its name
+        earlier = json.loads(previous.read_text())
+        record["earlier"] = earlier.get("earlier", []) + [
+            {k: v for k, v in earlier.items() if k not in ("runs", "earlier")}]
+        record["runs"] = earlier["runs"]
     for method in args.methods.split(","):
         for case in args.cases.split(","):
             _log(f"{method} {case}: starting")
@@ -629,6 +635,8 @@ def main(argv: list[str] | None = None) -> int:
     faults.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "multinode")
     faults.add_argument("--methods", default=",".join(METHODS))
     faults.add_argument("--cases", default=",".join(CASES))
+    faults.add_argument("--append", action="store_true",
+                        help="keep the runs already in OUT/multinode_faults.json")
     equality = sub.add_parser("equality", help="two nodes against TP=1 and the reference")
     equality.add_argument("--target", required=True)
     equality.add_argument("--draft", required=True)
