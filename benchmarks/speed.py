@@ -61,7 +61,7 @@ PRESETS = {
     # The README's table: batch 1 and a loaded batch, both temperatures, both prompt kinds, a
     # short request (mostly prefill, what earlier verdicts timed) and a longer one (mostly
     # decoding), the three engines a user chooses between.
-    "verdict": dict(batches=[1, 16], lengths=[32, 96], prompt_sets=["humaneval", "chat"],
+    "verdict": dict(batches=[1, 16], lengths=[32, 64], prompt_sets=["humaneval", "chat"],
                     repeats=2, max_repeats=3, max_minutes=15.0,
                     configs=["target", "vllm_sd", "mtad"], sampler="equal", instances="auto"),
     # Every cell of the study grid, the default against forced arms on an engine of their own,

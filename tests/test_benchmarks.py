@@ -27,107 +27,126 @@ def run_module(args, tmp_path, timeout=600, with_stderr=False):
 @pytest.mark.system
 def test_speed_verdict_on_tiny_pair(tmp_path):
     """The verdict (benchmarks/speed.py's default preset, scripts/bench.sh) end to end: every
-    cell and configuration, both samplers at T=1, the headline's ratios from the medians, the
-    runs interleaved, vLLM's log in its file, the machine recorded."""
+    cell and configuration, per request the decode and end-to-end rates from vLLM's request
+    timestamps, CPU-seconds per token, both prompt sets and both lengths in every run, the
+    headline's ratios from the paired requests with their intervals, the runs interleaved,
+    vLLM's log in its file, the machine recorded; the MTAD default drafts up to γ = 8."""
     out = tmp_path / "out"
-    stdout = run_module(["benchmarks.speed", "--tiny", "--batches", "1", "2", "--tokens", "8",
-                         "--out", str(out)], tmp_path)
+    stdout = run_module(["benchmarks.speed", "--tiny", "--batches", "1", "4", "--lengths", "8",
+                         "4", "--trace-policy", "--out", str(out)], tmp_path)
     data = json.loads((out / "speed.json").read_text())
     env = data["environment"]
     assert series_of(env["vllm"]) is not None and env["cpu_model"] and "cpu_flags" in env
-    assert env["code_version"] != "unknown"
-    cells = {(c["cell"], c["batch"], c["config"]): c for c in data["cells"]}
-    t1 = ["target", "target as shipped", "vllm_sd", "vllm_sd as shipped", "mtad"]
+    assert env["code_version"] != "unknown" and env["instances"] == "run"
+    rows = {(c["cell"], c["batch"], c["config"]): c for c in data["configs"]}
+    t1 = ["target", "vllm_sd", "mtad"]
     t0 = ["target", "vllm_sd", "mtad joint", "mtad exact"]
-    assert set(cells) == {("T=1", b, c) for b in (1, 2) for c in t1} | {
-        ("T=0", b, c) for b in (1, 2) for c in t0}
-    for (cell, batch, config), c in cells.items():
-        assert c["n"] == 2 and c["min"] <= c["median"] <= c["max"]
+    assert set(rows) == {("T=1", b, c) for b in (1, 4) for c in t1} | {
+        ("T=0", b, c) for b in (1, 4) for c in t0}
+    rounds = {r["repeat"] for r in data["runs"]}
+    assert 2 <= len(rounds) <= 3  # --repeats 2, one more at most while an interval is wide
+    for (cell, batch, config), c in rows.items():
+        assert c["decode"]["n"] == len(rounds)
+        assert c["decode"]["min"] <= c["decode"]["median"] <= c["decode"]["max"]
+        assert c["cpu_s_per_token"] > 0
         if config.startswith("vllm_sd"):  # vLLM SD drafts in every step
             assert 1 <= c["acceptance"] <= 5
-        for key in filter(None, c["chosen"].split(" ")):  # MTAD's γ ≤ 4; exact: one beam
+        for key in filter(None, c["chosen"].split(" ")):  # MTAD's γ ≤ 8; exact: one beam
             width, tokens = key.split(":")[0][1:].split("_g")
-            assert int(tokens) <= 4 and (config != "mtad exact" or int(width) == 1), key
-    # Every run timed --min-prompts (2) prompts or a batch, --tokens each (ignore_eos).
-    assert all(r["tokens"] == 8 * max(r["batch"], 2) for r in data["runs"])
-    # Equal samplers: at T=1 the target alone and vLLM SD drew every token through the
-    # k-selection, never vLLM's sort; "as shipped" through vLLM's sort only.
+            assert int(tokens) <= 8 and (config != "mtad exact" or int(width) == 1), key
     for r in data["runs"]:
+        # Every run: both prompt sets × both lengths, batch / 4 requests each (at least one),
+        # every request its full length (ignore_eos), its rates from its own timestamps.
+        per = max(1, r["batch"] // 4)
+        groups = [(q["set"], q["length"]) for q in r["requests"]]
+        assert sorted(groups) == sorted((s, n) for s in ("chat", "humaneval") for n in (8, 4)
+                                        for _ in range(per))
+        for q in r["requests"]:
+            assert q["tokens"] == q["length"] and q["decode_s"] > 0 and q["ttft_s"] > 0
+            assert q["decode_tok_s"] == pytest.approx((q["tokens"] - 1) / q["decode_s"])
+            assert q["e2e_tok_s"] < q["decode_tok_s"] * q["tokens"] / (q["tokens"] - 1)
+        assert r["tokens"] == sum(q["tokens"] for q in r["requests"])
+        # Equal samplers: at T=1 the target alone and vLLM SD drew every token through the
+        # k-selection, never vLLM's sort.
         if r["cell"] == "T=1" and not r["config"].startswith("mtad"):
-            if r["config"].endswith("as shipped"):
-                assert r["selection"]["selected"] == 0, r
-            else:
-                assert r["selection"]["selected"] >= 8 and r["selection"]["fallbacks"] == 0, r
-    # Interleaved: each repeat in run_order, no configuration twice in a row.
+            assert r["selection"]["selected"] >= 8 and r["selection"]["fallbacks"] == 0, r
+    # Interleaved: each round in run_order, no configuration twice in a row.
     from benchmarks.lib.runner import run_order
 
-    for batch in (1, 2):
+    for batch in (1, 4):
         ran = [(r["config"], r["repeat"]) for r in data["runs"]
                if r["cell"] == "T=1" and r["batch"] == batch]
-        assert ran == [(c, r) for r in range(2) for c in run_order(t1, r)]
-    # The headline: T=1, T=0 joint, T=0 exact per batch; ratios of the medians; as shipped at
-    # T=1 only; T=0's target alone and vLLM SD are the same runs for both greedy rules.
+        assert ran == [(c, r) for r in sorted(rounds) for c in run_order(t1, r)]
+    # The headline: T=1, T=0 joint, T=0 exact per batch; the ratio of the mean decode rates
+    # over the same requests, inside its interval.
     head = {(h["cell"], h["batch"]): h for h in data["headline"]}
-    assert set(head) == {(c, b) for c in ("T=1", "T=0 joint", "T=0 exact") for b in (1, 2)}
+    assert set(head) == {(c, b) for c in ("T=1", "T=0 joint", "T=0 exact") for b in (1, 4)}
     for (cell, batch), h in head.items():
         base = "T=1" if cell == "T=1" else "T=0"
-        med = {k: cells[(base, batch, k)]["median"] for k in ("target", "vllm_sd")}
-        mtad = cells[(base, batch, "mtad" if cell == "T=1" else f"mtad {cell.split()[1]}")]
-        assert h["vs_sd"] == pytest.approx(mtad["median"] / med["vllm_sd"])
-        assert h["vs_target"] == pytest.approx(mtad["median"] / med["target"])
-        shipped = cells.get((base, batch, "vllm_sd as shipped"))
-        assert (h["shipped_vs_sd"] is None) == (cell != "T=1")
-        if shipped:
-            assert h["shipped_vs_sd"] == pytest.approx(mtad["median"] / shipped["median"])
-            assert h["sampler_gain"] == pytest.approx(
-                med["target"] / cells[(base, batch, "target as shipped")]["median"])
+        config = "mtad" if cell == "T=1" else f"mtad {cell.split()[1]}"
+        pairs = [(qa["decode_tok_s"], qb["decode_tok_s"])
+                 for ra in data["runs"] for rb in data["runs"]
+                 if (ra["cell"], ra["batch"], ra["config"]) == (base, batch, config)
+                 and (rb["cell"], rb["batch"], rb["config"]) == (base, batch, "vllm_sd")
+                 and ra["repeat"] == rb["repeat"]
+                 for qa, qb in zip(ra["requests"], rb["requests"])]
+        ratio = sum(a for a, _ in pairs) / sum(b for _, b in pairs)
+        assert h["vs_sd"]["ratio"] == pytest.approx(ratio)
+        assert h["vs_sd"]["low"] <= ratio <= h["vs_sd"]["high"]
+        assert set(h["vs_sd"]["e2e"]) == {"8", "4"} or set(h["vs_sd"]["e2e"]) == {8, 4}
     table = [line for line in stdout.splitlines() if line.startswith("| ")]
-    assert table[0].startswith("| cell | batch | target alone | vLLM SD")
-    assert (out / "speed.md").read_text().startswith(table[0])
-    assert "The sampler alone" in stdout and (out / "speed.png").stat().st_size > 1000
+    assert table[0].startswith("| cell | batch | decode tok/s: target alone | vLLM SD")
+    assert (out / "speed.md").read_text().splitlines()[2] == table[0]
+    assert (out / "speed.png").stat().st_size > 1000
     log = (out / "vllm.log").read_text()
     assert "vllm-mtad: MTAD enabled with" in log and "MTAD enabled with" not in stdout
+    # --trace-policy: the default's decisions, which devtools.policy_trace replays and explains.
+    from devtools.policy_trace import explain, replay
+
+    n, differ = replay(str(out / "policy-trace.jsonl.gz"))
+    assert n > 10 and differ == []
+    assert "decisions" in explain(str(out / "policy-trace.jsonl.gz"), [(4, 4), (4, 8)])
 
 
 @pytest.mark.system
 def test_speed_engine_families_in_processes_of_their_own(tmp_path):
     """--instances family (what the verdict does where its engines do not fit in memory
-    together): each repeat runs every engine family in a process of its own, the families'
-    order turned round from one repeat to the next; the same cells as one process gives."""
+    together): each round runs every engine family in a process of its own, the families'
+    order turned round from one round to the next; the same rows as one process gives."""
     out = tmp_path / "out"
-    run_module(["benchmarks.speed", "--tiny", "--batches", "1", "--tokens", "4",
-                "--configs", "target", "mtad", "--instances", "family", "--out", str(out)],
-               tmp_path)
+    run_module(["benchmarks.speed", "--tiny", "--batches", "1", "--lengths", "4",
+                "--prompt-sets", "humaneval", "--configs", "target", "mtad", "--instances",
+                "family", "--max-repeats", "2", "--out", str(out)], tmp_path)
     data = json.loads((out / "speed.json").read_text())
     assert data["environment"]["instances"] == "family"
     families = [("target" if r["config"].startswith("target") else "mtad", r["repeat"])
                 for r in data["runs"]]
     assert list(dict.fromkeys(families)) == [("mtad", 0), ("target", 0), ("target", 1),
                                             ("mtad", 1)]
-    assert {(c["cell"], c["config"]) for c in data["cells"]} == {
-        ("T=1", "target"), ("T=1", "target as shipped"), ("T=1", "mtad"), ("T=0", "target"),
-        ("T=0", "mtad joint"), ("T=0", "mtad exact")}
-    assert all(c["n"] == 2 for c in data["cells"])
+    assert {(c["cell"], c["config"]) for c in data["configs"]} == {
+        ("T=1", "target"), ("T=1", "mtad"), ("T=0", "target"), ("T=0", "mtad joint"),
+        ("T=0", "mtad exact")}
+    assert all(c["decode"]["n"] == 2 for c in data["configs"])
 
 
 @pytest.mark.system
 @pytest.mark.slow
-def test_speed_grid_preset_on_tiny_pair(tmp_path):
-    """The long grid's settings on the tiny pair: fresh engines every repeat (a process each),
-    MTAD fixed and the γ ≤ 8 bound beside the default, equal samplers only."""
+def test_speed_study_preset_on_tiny_pair(tmp_path):
+    """The study's settings on the tiny pair: fresh engines every round (a process each), the
+    forced arms on an engine of their own beside the default, equal samplers only."""
     out = tmp_path / "out"
-    run_module(["benchmarks.speed", "--tiny", "--preset", "grid", "--batches", "1",
-                "--tokens", "8", "--out", str(out)], tmp_path)
+    run_module(["benchmarks.speed", "--tiny", "--preset", "study", "--batches", "1",
+                "--lengths", "8", "--max-repeats", "2", "--out", str(out)], tmp_path)
     data = json.loads((out / "speed.json").read_text())
     assert data["args"]["instances"] == "repeat" and data["args"]["sampler"] == "equal"
-    cells = {(c["cell"], c["config"]): c for c in data["cells"]}
+    cells = {(c["cell"], c["config"]): c for c in data["configs"]}
     assert not any(config.endswith("as shipped") for _, config in cells)
-    assert cells[("T=1", "mtad_fixed")]["chosen"].startswith("W4_g4")
-    assert cells[("T=0", "mtad_fixed exact")]["chosen"].startswith("W1_g4")
+    assert cells[("T=1", "mtad_w4g4")]["chosen"].startswith("W4_g4")
+    assert cells[("T=1", "mtad_w1g8")]["chosen"].startswith("W1_g8")
+    assert cells[("T=0", "mtad_w4g8 exact")]["chosen"].startswith("W1_g8")
     for (cell, config), c in cells.items():
         for key in filter(None, c["chosen"].split(" ")):
-            tokens = int(key.split("_g")[1].split(":")[0])
-            assert tokens <= (8 if config.startswith("mtad_g8") else 4), (config, key)
+            assert int(key.split("_g")[1].split(":")[0]) <= 8, (config, key)
 
 
 @pytest.mark.system
