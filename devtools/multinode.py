@@ -126,8 +126,21 @@ class Node:
         except ProcessLookupError:
             pass
 
+    def alive(self) -> list:
+        """Its processes that have not ended (zombies awaiting their parent count as ended)."""
+        return [p for p in self.processes() if _live(p)]
+
     def gone(self) -> bool:
-        return not [p for p in self.processes() if p.status() != "zombie"]
+        return not self.alive()
+
+
+def _live(p) -> bool:
+    import psutil
+
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # it ended since it was listed
+        return False
 
 
 def _cmd(p) -> str:
@@ -341,12 +354,12 @@ def _log(msg: str) -> None:
 def _kill(dep: Deployment, case: str) -> list[dict]:
     """SIGKILL what ``case`` names; the processes killed, described."""
     if case == "freeze":
-        victims = [p for p in dep.nodes[1].processes() if p.status() != "zombie"]
+        victims = dep.nodes[1].alive()
         dep.nodes[1].signal_all(signal.SIGSTOP)
         return [{"pid": p.pid, "name": _name(p), "signal": "SIGSTOP"} for p in victims]
     if case in ("node0", "node1"):
         node = dep.nodes[int(case[-1])]
-        victims = [p for p in node.processes() if p.status() != "zombie"]
+        victims = node.alive()
         described = [{"pid": p.pid, "name": _name(p)} for p in victims]
         node.signal_all(signal.SIGKILL)
         return described
@@ -376,8 +389,7 @@ def _watch_health(base: str, t0: float, stop: threading.Event, out: list) -> Non
 
 
 def _alive(dep: Deployment) -> list[dict]:
-    return [describe(p) for node in dep.nodes for p in node.processes()
-            if p.status() != "zombie"]
+    return [describe(p) for node in dep.nodes for p in node.alive()]
 
 
 def _ended(p) -> bool:
@@ -442,8 +454,7 @@ def _head_stop_probe(dep: Deployment) -> dict:
         time.sleep(0.5)
     return {"node0_gone_s": node0_gone,
             "node1_gone_s": round(time.monotonic() - t0, 2) if dep.nodes[1].gone() else None,
-            "node1_left_after_60s": [describe(p) for p in dep.nodes[1].processes()
-                                     if p.status() != "zombie"]}
+            "node1_left_after_60s": [describe(p) for p in dep.nodes[1].alive()]}
 
 
 def run_fault(method: str, case: str, log_dir: Path, env_extra: dict | None = None) -> dict:
