@@ -90,8 +90,10 @@ def cell_configs(cell: str, configs: list[str], sampler: str) -> list[str]:
 
 
 def prompt_pool(name: str) -> list[str]:
-    """A prompt set's prompts: HumanEval's 164, chatterbot-corpus's opening lines."""
-    return humaneval_prompts(2 * HALF) if name == "humaneval" else chat_prompts(64)
+    """A prompt set's prompts, each once: HumanEval's 164, chatterbot-corpus's opening
+    lines."""
+    pool = humaneval_prompts(2 * HALF) if name == "humaneval" else chat_prompts(64)
+    return list(dict.fromkeys(pool))
 
 
 def workload(pools: dict, batch: int, lengths: list[int], warm: bool = False) -> list[dict]:
@@ -102,6 +104,9 @@ def workload(pools: dict, batch: int, lengths: list[int], warm: bool = False) ->
     out = []
     for name, pool in pools.items():
         half = len(pool) // 2
+        if per * len(lengths) > half:
+            raise ValueError(f"batch {batch} needs {per * len(lengths)} {name} prompts a run, "
+                             f"the set has {half} to time (and as many for warm-ups)")
         for j, length in enumerate(lengths):
             for i in range(per):
                 k = j * per + i
@@ -182,10 +187,33 @@ def round_runs(report, llm_of, configs: list[str], cell: str, batch: int, r: int
     return out
 
 
-def warm_up(report, llm, config: str, batch: int, pools: dict, lengths: list[int]) -> None:
-    """One untimed run of ``config`` on other prompts, lengths halved."""
-    run_one(llm, config, "T=1", batch, workload(pools, batch, lengths, warm=True), 1000)
+def warm_up(report, llm, served: list[tuple[str, str]], batch: int, pools: dict,
+            lengths: list[int]) -> None:
+    """One untimed run on other prompts, lengths halved, its requests taking turns at the
+    (cell, configuration) pairs ``served`` (each request class the engine will time, so that
+    the MTAD policy's cold start for each class falls here too, as far as the warm-up
+    reaches)."""
+    from vllm import SamplingParams
+
+    requests = workload(pools, batch, lengths, warm=True)
+    prepare(llm, served[0][1])
+    params = []
+    for i, r in enumerate(requests):
+        cell, config = served[i % len(served)]
+        mode = config.split(" ")[1] if " " in config else None
+        params.append(SamplingParams(
+            max_tokens=r["length"], ignore_eos=True, seed=1000 + i, **CELLS[cell],
+            extra_args={"greedy_acceptance": mode} if mode in ("joint", "exact") else None))
+    for i in range(0, len(requests), batch):
+        llm.generate([r["prompt"] for r in requests[i:i + batch]], params[i:i + batch],
+                     use_tqdm=False)
     report(1)
+
+
+def served_by(plan: list, engine: str, batch: int) -> list[tuple[str, str]]:
+    """The (cell, configuration) pairs ``plan`` times on ``engine`` at ``batch``."""
+    return [(cell, c) for cell, b, cs in plan if b == batch for c in cs
+            if engine_of(c) == engine]
 
 
 def fresh_round(report, spec: EngineSet, cell: str, batch: int, r: int, configs: list[str],
@@ -197,7 +225,7 @@ def fresh_round(report, spec: EngineSet, cell: str, batch: int, r: int, configs:
     engines = {n: spec.build(n) for n in (names if r % 2 == 0 else names[::-1])}
     try:
         for name, llm in engines.items():
-            warm_up(report, llm, next(c for c in configs if engine_of(c) == name), batch,
+            warm_up(report, llm, served_by([(cell, batch, configs)], name, batch), batch,
                     pools, lengths)
         return round_runs(report, lambda c: engines[engine_of(c)], configs, cell, batch, r,
                           workload(pools, batch, lengths))
@@ -220,7 +248,7 @@ def family_round(report, spec: EngineSet, family: str, plan: list, r: int,
             if not mine:
                 continue
             if batch not in warmed:
-                warm_up(report, llm, mine[0], batch, pools, lengths)
+                warm_up(report, llm, served_by(plan, family, batch), batch, pools, lengths)
                 warmed.add(batch)
             out += [(cell, batch, config, res) for config, res in round_runs(
                 report, lambda _: llm, mine, cell, batch, r, workload(pools, batch, lengths))]
@@ -335,9 +363,8 @@ def main(argv=None) -> None:
                 pools = {name: prompt_pool(name) for name in args.prompt_sets}
                 for batch in args.batches:
                     for name, llm in engines.items():
-                        first = next(c for _, b, cs in plan if b == batch for c in cs
-                                     if engine_of(c) == name)
-                        warm_up(bar.update, llm, first, batch, pools, args.lengths)
+                        warm_up(bar.update, llm, served_by(plan, name, batch), batch, pools,
+                                args.lengths)
             for r in range(args.max_repeats):
                 if r >= args.repeats:
                     if not needs_more(runs, args, started, r):
@@ -400,7 +427,7 @@ def needs_more(runs: list[dict], args, started: float, r: int) -> bool:
     """Whether round ``r`` (one beyond ``--repeats``) runs: some headline ratio's interval is
     wider than ±``--until``, and at the pace so far the round ends within ``--max-minutes``."""
     elapsed = time.time() - started
-    if args.max_minutes and elapsed + elapsed / r > 60 * args.max_minutes:
+    if args.max_minutes and elapsed + elapsed / max(r, 1) > 60 * args.max_minutes:
         return False
     return any(h["wide"] for h in headline(runs, args.until))
 
@@ -535,7 +562,9 @@ def markdown(runs: list[dict], env: dict, minutes: float, lengths: list[int]) ->
     lines += ["", "Decode tok/s: per request, output tokens after the first over the time "
               "after the first token (vLLM's request timestamps), the mean over a run's "
               "requests; median [min, max] over rounds. Ratios: of the mean decode rates over "
-              "the same requests, with a 95 % interval from resampling them. End to end: "
+              "the same requests, with a 95 % interval from resampling them (the requests of "
+              "every round: at batch 1 a few prompts timed again, so the interval is the "
+              "timing's and these prompts', not a population of prompts'). End to end: "
               "tokens over time to first token plus decoding, per request. CPU-s per token: "
               "this process's user + system time over the tokens (2 cores: up to 2 s a "
               "second). acc.: tokens per target pass. Equal samplers: every engine draws "

@@ -118,6 +118,8 @@ def recording(path: str):
     pending = []  # the last decision, written when the next one comes (its acceptance known)
     controller = _controller_class()
     original_record = getattr(controller, "record_acceptance", None)
+    original_plan = getattr(controller, "plan", None)
+    deciding = {"by": None, "last": None}  # the controller in plan(); the last decision's
 
     def flush():
         while pending:
@@ -131,23 +133,35 @@ def recording(path: str):
         plan = original(batch, costs, stats, bounds, step, *args, **kwargs)
         flush()
         pending.append(entry | {"plan": _plan(plan), "t": t})
+        deciding["last"] = deciding["by"]
         return plan
+
+    def plan_of(self, *args, **kwargs):
+        deciding["by"] = self
+        try:
+            return original_plan(self, *args, **kwargs)
+        finally:
+            deciding["by"] = None
 
     def record_acceptance(self, classes, widths, drafted, prefix_accepted):
         original_record(self, classes, widths, drafted, prefix_accepted)
-        if pending and prefix_accepted.numel():
+        # Only the engine that made the last decision reports on it (several MTAD engines,
+        # forced ones among them, may live in this process).
+        if pending and self is deciding["last"] and prefix_accepted.numel():
             pending[-1]["accepted"] = int(prefix_accepted[:, -1].clamp(min=0).sum())
             pending[-1]["rows"] = len(classes)
 
     policy.choose = choose
     if original_record is not None:
         controller.record_acceptance = record_acceptance
+        controller.plan = plan_of
     try:
         yield
     finally:
         policy.choose = original
         if original_record is not None:
             controller.record_acceptance = original_record
+            controller.plan = original_plan
         flush()
         out.close()
 

@@ -7,8 +7,8 @@ import pytest
 from dataclasses import replace
 
 from vllm_mtad import policy
-from vllm_mtad.policy import (AcceptanceStats, Batch, Bounds, CostModel, LinearCost, RowDemand,
-                              Tuning, choose, expected_tokens)
+from vllm_mtad.policy import (AcceptanceStats, Batch, Bounds, CostModel, LinearCost, Plan,
+                              RowDemand, Tuning, choose, expected_tokens)
 
 pytestmark = pytest.mark.unit
 
@@ -866,3 +866,80 @@ def test_a_greedy_one_token_draft_is_priced_as_one_beams():
     c = costs(verify=(0.05, 0.0), first=(0.01, 0.0), beam=(1.0, 0.0))
     plan = choose(batch, c, joint, b, step=1)
     assert (plan.beam_width, plan.num_tokens) == (1, 1)
+
+
+def test_the_cold_start_drafts_the_long_arm_until_each_class_has_measured_it():
+    """#cold-start-measures-the-long-arm: with the cost lines ready, the configured (W, γ) is
+    drafted until every class of the batch has had 16 drafts of the longest length, at any
+    width (exact rows draft one beam; a row without beam room drafts one too), counted
+    without decay; bounds narrowed below the statistics' length ask for nothing."""
+    from vllm_mtad.policy.choice import long_arm_measured
+
+    c, b = costs(), Bounds(beam_width=4, max_tokens=4)
+    stats = policy.new_stats(4, 4)
+    stats["sampled"].record(4, 4, 0, count=15)  # fifteen long drafts, all rejected at once
+    mixed = Batch({"sampled": 1, "exact": 1})
+    assert choose(Batch({"sampled": 1}), c, stats, b, step=40) == Plan(4, 4)  # cold
+    stats["sampled"].record(1, 4, 4)  # the sixteenth, by one beam: it counts
+    plan = choose(Batch({"sampled": 1}), c, stats, b, step=40)
+    assert plan.goodput is not None and plan != Plan(4, 4)  # priced: rejected drafts lose
+    assert not long_arm_measured(mixed, stats, b, 16)  # the exact class has not drafted yet
+    assert choose(mixed, c, stats, b, step=40) == Plan(4, 4)
+    assert long_arm_measured(mixed, stats, Bounds(beam_width=4, max_tokens=2), 16)
+    for _ in range(2000):  # aging does not bring the cold start back
+        stats["sampled"].record(4, 1, 1)
+    assert stats["sampled"].drafted[3][3] < 16 and long_arm_measured(
+        Batch({"sampled": 1}), stats, b, 16)
+
+
+def test_an_unaffordable_step_without_a_draft_leaves_the_turn_to_other_arms():
+    """#no-draft-first-if-affordable: with the step without a draft not yet measured at this
+    batch size, an exploration turn whose budget cannot pay for it explores a drafting arm
+    instead of nothing; with the budget, it measures the step without a draft."""
+    from vllm_mtad.policy.choice import exploration_cost
+
+    b, c = Bounds(beam_width=4, max_tokens=4), costs()
+    stats = stats_with({1: 0.8, 4: 0.8})
+    batch = from_step(["sampled"] * 4, 4, 0, tokens_left=[40] * 4, horizon=4,
+                      prompt_tokens=[100] * 4, max_tokens=[64] * 4)
+    best = choose(batch, c, stats, b, step=1)
+    skip_cost = exploration_cost(batch, c, stats, (1, 0), best.goodput)
+    assert skip_cost > 0
+    rich = choose(batch, c, stats, b, step=16, budget=10 * skip_cost,
+                  tuning=Tuning(explore_period=16))
+    assert rich.explore and rich.num_tokens == 0
+    poor = [choose(batch, c, stats, b, step=s, budget=0.9 * skip_cost,
+                   tuning=Tuning(explore_period=16)) for s in range(16, 160, 16)]
+    assert any(p.explore and p.num_tokens > 0 for p in poor)
+    assert not any(p.explore and p.num_tokens == 0 for p in poor)
+
+
+def test_the_optimistic_bound_grows_with_the_step(monkeypatch):
+    """#optimism-grows-with-steps: a long arm measured on a few unlucky drafts, priced one
+    standard error above its tokens, stays below the best arm's price; sqrt(2 ln step)
+    standard errors above (what an optimistic turn at that step uses), it beats it."""
+    import math
+
+    from vllm_mtad.policy import choice
+
+    b, c = Bounds(beam_width=4, max_tokens=4), costs(beam=(0.003, 0.0))
+    stats = policy.new_stats(4, 4)
+    for w in range(1, 5):  # every width: 11 long drafts rejected, 5 accepted in full
+        stats["sampled"].record_window({w: ([(4, 0, 11), (4, 4, 5)], None)})
+    stats["sampled"].record_window({w: ([(1, 1, 300)], None) for w in range(1, 5)})
+    batch = Batch({"sampled": 1})  # the one-token drafts since, of every width: all accepted
+    best = choose(batch, c, stats, b, step=1)
+    assert best.num_tokens == 1
+    prices = choice._Prices(batch, c, stats)
+    bound = prices.goodput((best.beam_width, best.num_tokens), confidence=1.0)
+    step = 64 * 16  # an optimistic turn (turn 64)
+    assert prices.goodput((4, 4), confidence=-1.0) < bound
+    assert prices.goodput((4, 4), confidence=-math.sqrt(2 * math.log(step))) > bound
+    used = []
+    real = choice._optimistic_arm
+    monkeypatch.setattr(choice, "_optimistic_arm",
+                        lambda p, bd, bst, conf, owed: used.append(conf) or real(p, bd, bst,
+                                                                                conf, owed))
+    plan = choose(batch, c, stats, b, step=step, tuning=Tuning(explore_period=16,
+                                                               min_no_draft=0))
+    assert plan.explore and used == [pytest.approx(math.sqrt(2 * math.log(step)))]

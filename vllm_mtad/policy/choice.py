@@ -163,15 +163,14 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
 
 def long_arm_measured(batch: Batch, stats: dict, bounds: Bounds, min_drafts: int) -> bool:
     """Whether every class of ``batch`` has had ``min_drafts`` verified drafts of the longest
-    length at its full width (ever: a count that does not decay). Those also count as drafts
-    of every shorter length, so each arm's acceptance then rests on more than one request's
-    opening (#cold-start-measures-the-long-arm)."""
+    length, at any width (ever: a count that does not decay; a row without room for its beams
+    drafts one, so the full width alone could stay unmeasured). Those also count as drafts of
+    every shorter length, so each arm's acceptance then rests on more than one request's
+    opening (#cold-start-measures-the-long-arm). Bounds narrowed below the statistics'
+    longest length (limit_plans) ask for nothing."""
     for cls in batch.classes:
         s = stats[cls]
-        if bounds.max_tokens != s.max_tokens:  # bounds narrowed by limit_plans: not the arm
-            continue
-        w = min(row_beams(cls, bounds.beam_width), s.beam_width)
-        if s.long_drafts[w - 1] < min_drafts:
+        if bounds.max_tokens == s.max_tokens and sum(s.long_drafts) < min_drafts:
             return False
     return True
 
@@ -204,11 +203,15 @@ def _explore(prices: _Prices, bounds: Bounds, turn: int, best: tuple, budget: fl
     # No draft: the draft skips one step (its KV catches up on the next drafting step).
     skip = [(min(full_width, narrow), 0)] if bounds.min_tokens == 0 and g > 0 else []
     owed = costs.reading_time(batch)
-    candidates = [c for c in candidates if prices.explorable(c, owed)] + skip
-    if (skip and costs.no_draft_ratio(batch.size).samples < tuning.min_no_draft
-            and exploration_cost(batch, costs, stats, skip[0], best_goodput) <= budget):
-        candidates = skip
-    elif turn % 2 == 0:
+    candidates = [c for c in candidates if prices.explorable(c, owed)]
+    skip_first = False
+    if skip and costs.no_draft_ratio(batch.size).samples < tuning.min_no_draft:
+        # first, where affordable; else the other arms take the turn
+        skip_first = exploration_cost(batch, costs, stats, skip[0], best_goodput) <= budget
+        candidates = skip if skip_first else candidates
+    else:
+        candidates += skip
+    if not skip_first and turn % 2 == 0:
         step = turn * max(tuning.explore_period, 1)
         optimism = max(tuning.confidence, math.sqrt(2.0 * math.log(max(step, 2))))
         pick = _optimistic_arm(prices, bounds, best, optimism, owed)
