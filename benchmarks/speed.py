@@ -51,7 +51,7 @@ from benchmarks.lib.engines import (CONFIGS, SHIPPED, EngineSet, engine_of, prep
                                     select_everywhere, selection_counts)
 from benchmarks.lib.prompts import GREEDY, HALF, PAPER, chat_prompts, humaneval_prompts
 from benchmarks.lib.report import RESULTS, code_commit, code_version, environment, write_outputs
-from benchmarks.lib.runner import in_own_process, run_order
+from benchmarks.lib.runner import generate_in_batches, in_own_process, run_order
 from benchmarks.lib.stats import ratio_interval, summary
 from devtools.console import output_to, tail
 from devtools.engine import close, default_dtype
@@ -119,23 +119,16 @@ def workload(pools: dict, batch: int, lengths: list[int], warm: bool = False) ->
 def run_one(llm, config: str, cell: str, batch: int, requests: list[dict], seed: int) -> dict:
     """One timed run of ``config`` on ``llm``: the run's totals and, per request, its decode
     and end-to-end rates (vLLM's request timestamps; ``disable_log_stats=False``)."""
-    from vllm import SamplingParams
-
     from vllm_mtad.proposer import drafter_stats
 
     selection0 = prepare(llm, config)
     is_mtad = engine_of(config).startswith("mtad")
-    mode = config.split(" ")[1] if is_mtad and " " in config else None
-    extra = {"greedy_acceptance": mode} if mode in ("joint", "exact") else None
-    params = [SamplingParams(max_tokens=r["length"], ignore_eos=True, seed=seed + i,
-                             **CELLS[cell], extra_args=extra) for i, r in enumerate(requests)]
+    params = [request_params(cell, config, r["length"], seed + i)
+              for i, r in enumerate(requests)]
     chosen0 = llm.collective_rpc(drafter_stats)[0]["policy_chosen"] if is_mtad else {}
     cpu0 = _cpu_seconds()
     t0 = time.perf_counter()
-    outs = []
-    for i in range(0, len(requests), batch):
-        outs += llm.generate([r["prompt"] for r in requests[i:i + batch]], params[i:i + batch],
-                             use_tqdm=False)
+    outs = generate_in_batches(llm, [r["prompt"] for r in requests], params, batch)
     seconds = time.perf_counter() - t0
     cpu = _cpu_seconds() - cpu0
     per_request = [request_times(r, o) for r, o in zip(requests, outs)]
@@ -151,6 +144,17 @@ def run_one(llm, config: str, cell: str, batch: int, requests: list[dict], seed:
             "cpu_s_per_token": cpu / max(tokens, 1),
             "acceptance": 1 + accepted / drafts if drafts else None, "chosen": chosen,
             "selection": selection, "requests": per_request}
+
+
+def request_params(cell: str, config: str, length: int, seed: int):
+    """A request's SamplingParams in ``cell`` for ``config`` ("mtad joint"/"mtad exact": that
+    greedy rule): ``length`` tokens, ignore_eos, ``seed``."""
+    from vllm import SamplingParams
+
+    mode = config.split(" ")[1] if " " in config else None
+    extra = {"greedy_acceptance": mode} if mode in ("joint", "exact") else None
+    return SamplingParams(max_tokens=length, ignore_eos=True, seed=seed, **CELLS[cell],
+                          extra_args=extra)
 
 
 def _cpu_seconds() -> float:
@@ -193,20 +197,11 @@ def warm_up(report, llm, served: list[tuple[str, str]], batch: int, pools: dict,
     (cell, configuration) pairs ``served`` (each request class the engine will time, so that
     the MTAD policy's cold start for each class falls here too, as far as the warm-up
     reaches)."""
-    from vllm import SamplingParams
-
     requests = workload(pools, batch, lengths, warm=True)
     prepare(llm, served[0][1])
-    params = []
-    for i, r in enumerate(requests):
-        cell, config = served[i % len(served)]
-        mode = config.split(" ")[1] if " " in config else None
-        params.append(SamplingParams(
-            max_tokens=r["length"], ignore_eos=True, seed=1000 + i, **CELLS[cell],
-            extra_args={"greedy_acceptance": mode} if mode in ("joint", "exact") else None))
-    for i in range(0, len(requests), batch):
-        llm.generate([r["prompt"] for r in requests[i:i + batch]], params[i:i + batch],
-                     use_tqdm=False)
+    params = [request_params(*served[i % len(served)], r["length"], 1000 + i)
+              for i, r in enumerate(requests)]
+    generate_in_batches(llm, [r["prompt"] for r in requests], params, batch)
     report(1)
 
 
@@ -494,6 +489,7 @@ def headline(runs: list[dict], until: float = 0.05) -> list[dict]:
     ``wide``: an interval reaches beyond ±``until`` of its ratio."""
     out = []
     keys = sorted({(x["cell"], x["batch"], x["config"]) for x in runs})
+    lengths = sorted({q["length"] for x in runs for q in x["requests"]})
     for cell, batch, config in keys:
         if config.split(" ")[0] != "mtad":
             continue
@@ -508,7 +504,6 @@ def headline(runs: list[dict], until: float = 0.05) -> list[dict]:
             ratio, lo, hi = ratio_interval(a, b)
             row[name] = {"ratio": ratio, "low": lo, "high": hi}
             row["wide"] |= hi - lo > 2 * until * ratio
-            lengths = sorted({q["length"] for x in runs for q in x["requests"]})
             row[name]["e2e"] = {}
             for n in lengths:
                 ea, eb = decode_pairs(runs, cell, batch, config, base, "e2e_tok_s",

@@ -202,7 +202,7 @@ def deployment(scripts: dict[int, str], port: int, log_dir: Path, startup_s: flo
                env_extra: dict | None = None):
     """Start every node's block (highest rank first), wait for node 0's /health, and stop every
     process of every node afterwards (SIGTERM, then SIGKILL after 30 s)."""
-    import requests
+    from devtools.server import wait_healthy
 
     log_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, **(env_extra or {}))
@@ -218,21 +218,7 @@ def deployment(scripts: dict[int, str], port: int, log_dir: Path, startup_s: flo
                                         start_new_session=True)
             nodes.append(Node(rank, proc, log))
         nodes.sort(key=lambda n: n.rank)
-        deadline = time.time() + startup_s
-        while True:
-            for node in nodes:
-                if node.proc.poll() is not None:
-                    raise RuntimeError(f"node {node.rank} exited ({node.proc.returncode}): "
-                                       f"{node.log.read_text()[-3000:]}")
-            try:
-                if requests.get(f"{dep.base}/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError(f"not ready in {startup_s:.0f} s: "
-                                   f"{nodes[0].log.read_text()[-3000:]}")
-            time.sleep(1)
+        wait_healthy(dep.base, [(f"node {n.rank}", n.proc, n.log) for n in nodes], startup_s)
         yield dep
     finally:
         dep.stop()

@@ -73,13 +73,34 @@ def serve_env(cmd: list[str] = ()) -> dict:
     return env
 
 
+def wait_healthy(base: str, procs: list, startup_s: float) -> None:
+    """Wait until ``base``/health answers 200; ``procs``: (name, Popen, log path) of the
+    processes serving it, the first one's log quoted on a timeout. Raises RuntimeError with
+    the log's end if one of them exits first or ``startup_s`` passes."""
+    import requests
+
+    deadline = time.time() + startup_s
+    while True:
+        for name, proc, log in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited ({proc.returncode}): "
+                                   f"{log.read_text()[-3000:]}")
+        try:
+            if requests.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        if time.time() > deadline:
+            raise RuntimeError(f"{procs[0][0]} not ready in {startup_s:.0f} s: "
+                               f"{procs[0][2].read_text()[-3000:]}")
+        time.sleep(1)
+
+
 @contextmanager
 def running_server(cmd: list[str], model: str, log: Path, port: int, startup_s: float = 300,
                    env_extra: dict | None = None, cwd: Path | None = None):
     """Start ``cmd`` (a ``vllm-mtad serve`` command line, or a shell running one) in its own
     process group, wait for /health, and stop the whole group after."""
-    import requests
-
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**serve_env(cmd), **(env_extra or {})}
     with open(log, "w") as fh:
@@ -87,19 +108,7 @@ def running_server(cmd: list[str], model: str, log: Path, port: int, startup_s: 
                                 start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + startup_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited ({proc.returncode}): {log.read_text()[-3000:]}")
-            try:
-                if requests.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError(f"server not ready in {startup_s:.0f} s: "
-                                   f"{log.read_text()[-3000:]}")
-            time.sleep(1)
+        wait_healthy(base, [("server", proc, log)], startup_s)
         yield Server(proc, base, model, log)
     finally:
         _signal_group(proc, signal.SIGTERM)
