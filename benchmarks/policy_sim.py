@@ -15,6 +15,12 @@ best arm). Scenarios:
 - ``burst b1-b16-b1``: ``free b1``'s rates, 2 ms a beam row, batch 1 for 300 steps, 16 for
   200, then 1 again (the load change a server sees): does the policy find batch 1's best arm
   again after the burst?
+- ``requests b1 g8``: batch 1, γ ≤ 8, 2 ms a beam row, a stream of 160-token requests, each
+  code or chat at random (0.97–0.985 and 0.90–0.93 a position for W = 1..4): rates change
+  with the request, so a length measured on one or two requests (a cold start) is not what
+  it is worth over many (the verdict's trace at 9bcfb7d). This scenario's figure is the
+  chosen arms' goodput over the best *fixed* arm's, on the same states (expected tokens and
+  time summed over each window's steps).
 
 Starts: ``fresh`` (no statistics; the first 8 steps draft the configured W = 4, γ = 4, as the
 engine does before its cost lines are ready), ``unlucky`` (the same, but those 8 drafts are
@@ -42,7 +48,12 @@ SCENARIOS = {  # name: (acceptance rate a position by W, seconds a beam row cost
     "tie b1": ({1: 0.88, 2: 0.885, 3: 0.89, 4: 0.895}, 0.0, 1),
     "costly b4": ({1: 0.85, 2: 0.87, 3: 0.9, 4: 0.92}, 0.008, 4),
     "burst b1-b16-b1": ({1: 0.85, 2: 0.87, 3: 0.9, 4: 0.92}, 0.002, 1),
+    "requests b1 g8": ({1: 0.97, 2: 0.975, 3: 0.98, 4: 0.985}, 0.002, 1),
 }
+# Scenarios of requests whose acceptance varies: (rates of the other kind, request length); a
+# request is either kind, at random.
+REQUESTS = {"requests b1 g8": ({1: 0.9, 2: 0.91, 3: 0.92, 4: 0.93}, 160)}
+MAX_TOKENS = {"requests b1 g8": 8}  # γ bound where not 4
 # Batch size by step where a scenario's load changes: (first step, batch) in order.
 SCHEDULES = {"burst b1-b16-b1": ((1, 1), (301, 16), (501, 1))}
 STARTS = ("fresh", "unlucky", "history")
@@ -76,54 +87,144 @@ def batch_at(scenario: str, step: int) -> int:
     return size
 
 
-def run(scenario: str, start: str, seed: int, steps: int = 1000) -> list[float]:
-    """Per step: the chosen arm's true goodput over the best arm's at that step's batch."""
+class _Requests:
+    """The stream of requests a ``REQUESTS`` scenario's one row works through."""
+
+    def __init__(self, scenario: str, rng: random.Random):
+        self.code = SCENARIOS[scenario][0]
+        self.chat, self.length = REQUESTS[scenario]
+        self.rng = rng
+        self._next()
+
+    def _next(self) -> None:
+        self.kind = self.code if self.rng.random() < 0.5 else self.chat
+        self.done = 0  # tokens of the request made so far
+
+    def left(self) -> int:
+        return self.length - self.done
+
+    def rates(self, w: int, g: int) -> list[float]:
+        """The acceptance rates of the next ``g`` draft positions (none past the end)."""
+        return [self.kind[w]] * min(g, self.left() - 1)
+
+    def advance(self, tokens: int) -> None:
+        self.done += tokens
+        if self.done >= self.length:
+            self._next()
+
+
+def _expected_tokens(rates: list[float]) -> float:
+    """1 + E[accepted] of a draft whose positions pass at ``rates`` until one fails."""
+    total, p = 1.0, 1.0
+    for r in rates:
+        p *= r
+        total += p
+    return total
+
+
+def _draw(rng: random.Random, rates: list[float]) -> int:
+    k = 0
+    while k < len(rates) and rng.random() < rates[k]:
+        k += 1
+    return k
+
+
+def _best_fixed_arm(policy, c, scenario: str, G: int, steps: int = 20000) -> tuple:
+    """The fixed (W, γ) with the highest long-run goodput on the scenario's requests."""
+    best, value = None, -1.0
+    for w in SCENARIOS[scenario][0]:
+        for g in range(G + 1):
+            if g == 0 and w > 1:
+                continue
+            rng = random.Random(7)
+            stream, tokens, seconds = _Requests(scenario, rng), 0, 0.0
+            for _ in range(steps):
+                k = 1 + _draw(rng, stream.rates(w, g)) if g else 1
+                tokens += k
+                seconds += c.step_time(policy.Batch({"sampled": 1}), w, g)
+                stream.advance(k)
+            if tokens / seconds > value:
+                best, value = (w, g), tokens / seconds
+    return best
+
+
+_FIXED: dict = {}  # scenario -> its best fixed arm (the same for every seed and start)
+
+
+def run(scenario: str, start: str, seed: int, steps: int = 1000) -> list[tuple]:
+    """Per step: (expected tokens, seconds) of the chosen arm and of the best arm, at that
+    step's batch (``REQUESTS`` scenarios: the best fixed arm, in the step's state)."""
     from vllm_mtad import policy
 
     rates, beam_row, _ = SCENARIOS[scenario]
+    G = MAX_TOKENS.get(scenario, 4)
     c = costs(policy, beam_row)
     for B in {batch_at(scenario, s) for s in range(1, steps + 1)}:
         for _ in range(3):  # steps without a draft measured at this batch size
             c.no_draft_ratio(B).add(1.0, 1.0)
+    truth = random.Random(1000 + seed)
+    stream = _Requests(scenario, truth) if scenario in REQUESTS else None
 
-    def true_goodput(B, w, g):
-        tokens = B * (1 + sum(rates[w] ** i for i in range(1, g + 1)))
-        return tokens / c.step_time(policy.Batch({"sampled": B}), w, g)
+    def priced(B, w, g):
+        """(expected tokens, seconds) of (W, γ) at batch B in the current state."""
+        r = stream.rates(w, g) if stream else [rates[w]] * g
+        return B * _expected_tokens(r), c.step_time(policy.Batch({"sampled": B}), w, g)
 
-    best = {B: max(true_goodput(B, w, g) for w in rates for g in range(5))
-            for B in {batch_at(scenario, s) for s in range(1, steps + 1)}}
-    stats = policy.new_stats(4, 4)
+    if stream:
+        if scenario not in _FIXED:
+            _FIXED[scenario] = _best_fixed_arm(policy, c, scenario, G)
+        fixed = _FIXED[scenario]
+    else:
+        best = {B: max(((w, g) for w in rates for g in range(G + 1)),
+                       key=lambda a: priced(B, *a)[0] / priced(B, *a)[1])
+                for B in {batch_at(scenario, s) for s in range(1, steps + 1)}}
+    stats = policy.new_stats(4, G)
     if start == "history":
         r = 0.85
         stats["sampled"].record_batch(4, [(4, 1, 8)])
         stats["sampled"].record_batch(1, [(4, k, round(400 * (r ** k * (1 - r) if k < 4
                                                               else r ** 4))) for k in range(5)])
-    truth = random.Random(1000 + seed)
     # The controller's exploration budget (vllm_mtad.policy.controller), where the code has one.
     budget = policy.ExplorationBudget() if hasattr(policy, "ExplorationBudget") else None
     out = []
     for step in range(1, steps + 1):
         B = batch_at(scenario, step)
-        batch = policy.Batch({"sampled": B})
         if start in ("fresh", "unlucky") and step <= 8:
-            w, g = 4, 4
+            w, g = 4, G
         else:
+            batch = policy.Batch({"sampled": B})
+            if stream and stream.left() <= G:  # what the engine tells the policy of a row
+                batch = policy.Batch({"sampled": B}, remaining_tokens=float(stream.left()),
+                                     short=((("sampled", stream.left()), B),))
+            elif stream:
+                batch = policy.Batch({"sampled": B}, remaining_tokens=float(stream.left()))
             extra = {"budget": budget.seconds} if budget is not None else {}
-            plan = policy.choose(batch, c, stats, policy.Bounds(4, 4), step=step, **extra)
+            plan = policy.choose(batch, c, stats, policy.Bounds(4, G), step=step, **extra)
             if budget is not None:
                 budget.after(plan)
             w, g = plan.beam_width, plan.num_tokens
-        out.append(true_goodput(B, w, g) / best[B])
+        out.append(priced(B, w, g) + priced(B, *(fixed if stream else best[B])))
         if g:
             cells = Counter()
             for _ in range(B):
-                k = 0
-                while k < g and truth.random() < rates[w] and not (start == "unlucky"
-                                                                   and step <= 8):
-                    k += 1
+                r = stream.rates(w, g) if stream else [rates[w]] * g
+                k = 0 if start == "unlucky" and step <= 8 else _draw(truth, r)
                 cells[k] += 1
+                if stream:
+                    stream.advance(1 + k)
             stats["sampled"].record_batch(w, [(g, k, n) for k, n in cells.items()])
+        elif stream:
+            stream.advance(B)
     return out
+
+
+def window_figure(scenario: str, steps: list[tuple]) -> float:
+    """The chosen arms' goodput over the best arm's in ``steps``: the mean of the steps'
+    ratios, or (``REQUESTS`` scenarios, whose steps' states differ) the ratio of the sums."""
+    if scenario in REQUESTS:
+        return (sum(s[0] for s in steps) / sum(s[1] for s in steps)) / (
+            sum(s[2] for s in steps) / sum(s[3] for s in steps))
+    return statistics.mean((t / s) / (bt / bs) for t, s, bt, bs in steps)
 
 
 def main(argv=None) -> None:
@@ -139,14 +240,15 @@ def main(argv=None) -> None:
             row = {"code": args.label, "scenario": scenario, "start": start}
             for lo, hi in WINDOWS:
                 row[f"steps {lo + 1}-{hi}"] = statistics.mean(
-                    statistics.mean(r[lo:hi]) for r in runs)
+                    window_figure(scenario, r[lo:hi]) for r in runs)
             rows.append(row)
             print(row, flush=True)
     cols = [("code", "code"), ("scenario", "scenario"), ("start", "start")] + [
         (f"steps {lo + 1}-{hi}", f"steps {lo + 1}-{hi}") for lo, hi in WINDOWS]
     table = markdown_table(rows, cols)
     write_outputs("policy_sim", {"args": vars(args), "scenarios": {
-        k: {"rates": v[0], "beam_row_seconds": v[1], "batch": v[2]}
+        k: {"rates": v[0], "beam_row_seconds": v[1], "batch": v[2],
+            "max_tokens": MAX_TOKENS.get(k, 4), "requests": REQUESTS.get(k)}
         for k, v in SCENARIOS.items()}, "rows": rows}, table, args.out)
     print(table)
 

@@ -282,12 +282,16 @@ def test_policy_sim_recovers_from_a_mismeasured_arm(tmp_path):
     first drafts were all rejected (the verdict's cold start, issue 57) it drafts within 15 %
     of the best arm by steps 101-300 and within 6 % by steps 601-1000 (at 18b8897, 4 seeds:
     0.76 and 0.85 in "free b1"), and after a burst at batch 16 it finds batch 1's best arm
-    again (steps 501-600)."""
+    again (steps 501-600). On a stream of requests whose acceptance varies (code or chat, γ
+    ≤ 8), it drafts within 5 % of the best fixed arm from step 101 on, whatever the start
+    (c0da02a, whose long lengths kept the cold start's figure, 8 seeds: 0.94 and 0.96 after
+    the unlucky start)."""
     run_module(["benchmarks.policy_sim", "--seeds", "2", "--out", str(tmp_path / "out")],
                tmp_path)
     rows = json.loads((tmp_path / "out" / "policy_sim.json").read_text())["rows"]
     late = {(r["scenario"], r["start"]): r["steps 601-1000"] for r in rows}
-    assert len(late) == 12 and all(0 < v <= 1 for v in late.values())
+    assert len(late) == 15 and all(0 < v <= 1 for k, v in late.items()
+                                   if k[0] != "requests b1 g8")
     assert all(v > 0.95 for (_, start), v in late.items() if start == "fresh")
     assert late[("free b1", "history")] > 0.9
     soon = {(r["scenario"], r["start"]): r["steps 101-300"] for r in rows}
@@ -296,6 +300,9 @@ def test_policy_sim_recovers_from_a_mismeasured_arm(tmp_path):
     after_burst = {r["start"]: r["steps 501-600"] for r in rows
                    if r["scenario"] == "burst b1-b16-b1"}
     assert after_burst["fresh"] > 0.95 and after_burst["history"] > 0.95
+    stream = [v for r in rows if r["scenario"] == "requests b1 g8"
+              for k, v in r.items() if k in ("steps 101-300", "steps 301-500", "steps 601-1000")]
+    assert len(stream) == 9 and all(v > 0.95 for v in stream)
 
 
 @pytest.mark.system

@@ -112,6 +112,40 @@ def test_acceptance_stats_prior_and_measured():
     assert s.expected_accepted(4, 4) < 0.1
 
 
+def test_a_length_not_drafted_for_long_reads_from_the_drafts_since():
+    """The verdict's trace at 9bcfb7d (benchmarks/reports/speed-cpu): the cold start's drafts
+    of eight tokens came from one or two warm-up requests and priced eight tokens low (2 of 8,
+    first token 0.5); then one-token drafts were chosen and 0.85 of them were accepted, and
+    eight tokens read what the warm-up said for the rest of the run (#stale-lengths-age).
+    Now a length no draft reaches ages a draft a step, back to its prior: the shorter
+    lengths continued (geometric: 0.8 of 0.85^i summed here, as what is left of the old
+    drafts weighs on every length), which the optimistic exploration
+    then tries."""
+    s = AcceptanceStats(beam_width=4, max_tokens=8)
+    for k in (0, 0, 0, 1, 2, 8, 0, 0, 1, 0, 2, 8, 0, 1, 0, 3):
+        s.record(4, 8, k)
+    stale = s.expected_accepted(4, 8)
+    assert stale < 2.0
+    for i in range(1000):
+        s.record(4, 1, 1 if i % 20 < 17 else 0)
+    geometric = sum(0.85 ** i for i in range(1, 9))
+    assert s.expected_accepted(4, 1) == pytest.approx(0.85, abs=0.03)
+    assert s.expected_accepted(4, 8) > 0.8 * geometric > 1.5 * stale
+    # Drafted again, the length reads its new drafts, not the prior.
+    for _ in range(300):
+        s.record(4, 8, 6)
+    assert s.expected_accepted(4, 8) == pytest.approx(6.0, abs=0.25)
+
+
+def test_a_longer_lengths_prior_continues_the_shorter_ones():
+    """Without drafts of its own a length reads as the shorter length continued at that
+    length's last rate: one-token drafts at 0.9 price two tokens at 0.9 + 0.81."""
+    s = AcceptanceStats(beam_width=1, max_tokens=2, decay=1.0)
+    for i in range(2000):
+        s.record(1, 1, 1 if i % 10 < 9 else 0)
+    assert s.expected_accepted(1, 2) == pytest.approx(0.9 + 0.81, abs=0.01)
+
+
 def test_a_width_not_drafted_forgets_a_figure_from_long_ago():
     """The history case (docs/results-history.md, history-b4-then-b1): four beams measured
     on 8 early drafts that did badly, then only one beam drafted (1,000 drafts). Four beams'

@@ -43,6 +43,7 @@ class SpeculationController:
         self.histogram = AcceptanceHistogram(W, G, device)
         self.stats_period = 8 if device.type == "cuda" else 1  # steps between host reads
         self.steps = 0
+        self._read_step = 0  # the step of the last read of the acceptance counts
         self.chosen: Counter = Counter()  # "W{w}_g{g}" -> steps
         self.explored = 0
         self.explore_budget = choice.ExplorationBudget()
@@ -125,13 +126,19 @@ class SpeculationController:
 
     def _choose(self, demand, scheduled_tokens: int) -> Plan:
         if self.steps % self.stats_period == 0:
-            self.histogram.read_into(self.stats)
+            self._read_acceptance()
         batch = Batch.from_step(demand, scheduled_tokens, self._verified_drafts,
                                 horizon=self.bounds.max_tokens)
         plan = choice.choose(batch, self.costs, self.stats, self.bounds, self.steps,
                              budget=self.explore_budget.seconds)
         self.explore_budget.after(plan)
         return plan
+
+    def _read_acceptance(self) -> None:
+        """The sampler's counts since the last read into the statistics, with the steps they
+        span (a length no draft reached ages by them, #stale-lengths-age)."""
+        self.histogram.read_into(self.stats, max(1, self.steps - self._read_step))
+        self._read_step = self.steps
 
     def _count(self, plan: Plan) -> None:
         self.chosen[f"W{plan.beam_width}_g{plan.num_tokens}"] += 1
@@ -143,7 +150,7 @@ class SpeculationController:
     def snapshot(self) -> dict:
         """Counters for drafter_stats() and the benchmarks."""
         self.timings.resolve()
-        self.histogram.read_into(self.stats)
+        self._read_acceptance()
         coeffs = {name: [round(c, 6) for c in getattr(self.costs, name).coefficients()]
                   for name in ("verify", "first_pass", "beam_step", "rest")}
         # per batch size: measured / predicted seconds of steps without a draft, and how many

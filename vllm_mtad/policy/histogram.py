@@ -51,8 +51,9 @@ class AcceptanceHistogram:
                 length, rest = rest % (G + 1), rest // (G + 1)
                 yield (CLASSES[rest // W], rest % W + 1, length, accepted, real), n
 
-    def read_into(self, stats: dict) -> None:
-        """The counts since the last read, recorded per class as one window (a host read)."""
+    def read_into(self, stats: dict, steps: int = 1) -> None:
+        """The counts since the last read, made over ``steps`` engine steps, recorded per
+        class as one window (a host read)."""
         now = self._counts.tolist()
         # class -> width -> ([(drafted, accepted, count)], [prefixes: (length, accepted, count)])
         by_class: dict = {}
@@ -61,7 +62,7 @@ class AcceptanceHistogram:
             window = by_class.setdefault(cls, {}).setdefault(width, ([], []))
             window[1 - real].append((length, accepted, n))
         for cls, by_width in by_class.items():
-            stats[cls].record_window(by_width)
+            stats[cls].record_window(by_width, steps)
         self.read = now
 
     def verified(self) -> tuple[int, int]:

@@ -23,13 +23,15 @@ class AcceptanceStats:
       of each shorter length, with what the rule accepts of those tokens alone
       (#acceptance-per-length).
     - Counts of every width age with each new draft of their length, so the figure of a width
-      the policy stopped drafting returns to the prior (#widths-age-together); a length ages
-      only by drafts of that length (#lengths-age-apart).
+      the policy stopped drafting returns to the prior (#widths-age-together); a length no
+      draft reached in a window of steps ages by one draft a step instead, so a length last
+      drafted long ago rests on the drafts since, through its prior (#stale-lengths-age).
     - Estimates are shrunk (``prior_weight`` pseudo-drafts) towards the same (length,
       position) pooled over widths, itself shrunk towards the next shorter length's estimate
-      and, at the new last position, that times ``prior_rate``: a width never tried reads as
-      the others, a length never drafted as the shorter ones, a fresh engine as a moderately
-      good draft."""
+      and, at the new last position, that estimate's last continuation (P(≥ i) / P(≥ i − 1),
+      geometric); the first position's prior is ``prior_rate``: a width never tried reads as
+      the others, a length never drafted as the shorter ones continued, a fresh engine as a
+      moderately good draft."""
 
     beam_width: int
     max_tokens: int
@@ -63,10 +65,11 @@ class AcceptanceStats:
         length's older counts decay once by the window's total (#one-window-at-once)."""
         self.record_window({width: (cells, prefix_cells)})
 
-    def record_window(self, by_width: dict) -> None:
+    def record_window(self, by_width: dict, steps: int = 1) -> None:
         """One window's drafts of every width, ``{width: (cells, prefix_cells)}`` as in
-        :meth:`record_batch`; each length's older counts, of every width, decay once by the
-        window's new drafts of that length."""
+        :meth:`record_batch`, made over ``steps`` engine steps; each length's older counts, of
+        every width, decay once by the window's new drafts of that length, or by ``steps``
+        where the window has none of that length."""
         G = self.max_tokens
         entries = {}
         for width, (cells, prefix_cells) in by_width.items():
@@ -87,8 +90,7 @@ class AcceptanceStats:
             for g, _, n in e:
                 new[g - 1] += n
         for g in range(1, G + 1):
-            if new[g - 1]:
-                self._age(g, self.decay ** new[g - 1])
+            self._age(g, self.decay ** (new[g - 1] or max(steps, 1)))
         for w, e in entries.items():
             for g, a, n in e:
                 self.drafted[w][g - 1] += n
@@ -114,7 +116,11 @@ class AcceptanceStats:
         rates = [[None] * G for _ in widths]
         shorter = []  # the pooled estimates of length g - 1
         for g in range(1, G + 1):
-            base = shorter + [(shorter[-1] if shorter else 1.0) * self.prior_rate]
+            if not shorter:
+                base = [self.prior_rate]
+            else:  # the shorter length continued at its last position's rate
+                last = shorter[-1] / max(shorter[-2], 1e-9) if len(shorter) > 1 else shorter[-1]
+                base = shorter + [shorter[-1] * min(1.0, last)]
             n = sum(self.drafted[w][g - 1] for w in widths)
             pooled = [(sum(self.passed[w][g - 1][i] for w in widths) + k * base[i]) / (n + k)
                       for i in range(g)]
