@@ -229,6 +229,31 @@ def fresh_round(report, spec: EngineSet, cell: str, batch: int, r: int, configs:
             close(llm)
 
 
+# What a real-pair engine takes beyond its weights and KV (measured: the study's four engines
+# in one process reached 24 GB resident where weights and KV make 18, and were killed).
+ENGINE_OVERHEAD = 3 << 29  # 1.5 GiB
+
+
+def memory_groups(spec: EngineSet, configs: list[str]) -> list[list[str]]:
+    """A fresh round's configurations in groups whose engines fit in memory together, each
+    group in a process of its own: all at once where they fit; else the target alone apart
+    and the speculators together (the ratios between speculators stay interleaved), or, where
+    those do not fit either, one engine family a group."""
+    import psutil
+
+    def fits(families):
+        need = spec.memory_bytes(families) + ENGINE_OVERHEAD * len(families) + (2 << 30)
+        return need <= psutil.virtual_memory().available
+
+    families = sorted({engine_of(c) for c in configs})
+    if fits(families):
+        return [configs]
+    rest = [f for f in families if f != "target"]
+    groups = [[f] for f in families if f == "target"]
+    groups += [rest] if rest and fits(rest) else [[f] for f in rest]
+    return [[c for c in configs if engine_of(c) in g] for g in groups]
+
+
 def family_round(report, spec: EngineSet, family: str, plan: list, r: int,
                  lengths: list[int], prompt_sets: list[str]) -> list:
     """Round ``r`` of one engine family (``--instances family``): its engine built here,
@@ -407,9 +432,11 @@ def one_round(bar, engines, spec, plan, families, r, args) -> list:
     for cell, batch, configs in plan:
         bar.set_postfix_str(f"round {r + 1}: {cell} batch {batch}")
         if engines is None:
-            measured = in_own_process(fresh_round, (spec, cell, batch, r, configs,
-                                                    args.lengths, args.prompt_sets),
-                                      bar.update, f"round {r} of {cell} batch {batch}")
+            measured = []
+            for group in memory_groups(spec, configs):
+                measured += in_own_process(fresh_round, (spec, cell, batch, r, group,
+                                                         args.lengths, args.prompt_sets),
+                                           bar.update, f"round {r} of {cell} batch {batch}")
         else:
             measured = round_runs(bar.update, lambda c: engines[engine_of(c)], configs, cell,
                                   batch, r, workload(pools, batch, args.lengths))

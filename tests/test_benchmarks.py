@@ -836,3 +836,35 @@ def test_report_only_keeps_the_environment_the_records_were_made_in(tmp_path):
     assert kept["cpu_model"] == "AMD EPYC 7B13" and kept["reported_on"] == here["cpu_model"]
     ran = records_environment(previous, report_only=False)
     assert ran["cpu_model"] == here["cpu_model"] and "reported_on" not in ran
+
+
+@pytest.mark.unit
+def test_a_fresh_round_splits_its_engines_where_they_do_not_fit(monkeypatch):
+    """benchmarks.speed's study rounds build every engine of a cell in one process: four
+    real-pair engines reached 24 GB there and were killed. Where they do not fit, the target
+    alone runs apart and the speculators together; where those do not fit either, one engine
+    family a process; where all fit, one process."""
+    from types import SimpleNamespace
+
+    import psutil
+
+    from benchmarks import speed
+    from benchmarks.lib.engines import EngineSet
+
+    spec = EngineSet("t", "d", tiny=False, max_num_seqs=1)
+    gib = 1 << 30
+    monkeypatch.setattr(EngineSet, "memory_bytes",
+                        lambda self, engines: sum(4 * gib if e != "target" else 3 * gib
+                                                  for e in engines))
+    configs = ["target", "vllm_sd", "mtad", "mtad_w4g8"]
+
+    def available(n):
+        monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=n))
+
+    available(100 * gib)
+    assert speed.memory_groups(spec, configs) == [configs]
+    available(20 * gib)  # 3 x (4 + 1.5) + 2 = 18.5 fit; with the target, 23 do not
+    assert speed.memory_groups(spec, configs) == [["target"], ["vllm_sd", "mtad", "mtad_w4g8"]]
+    available(10 * gib)
+    assert speed.memory_groups(spec, configs) == [["target"], ["mtad"], ["mtad_w4g8"],
+                                                  ["vllm_sd"]]
