@@ -542,6 +542,69 @@ def headline(runs: list[dict], until: float = 0.05) -> list[dict]:
     return sorted(out, key=lambda x: (x["batch"], order.get(x["cell"], 9)))
 
 
+def study_rows(runs: list[dict]) -> list[dict]:
+    """Where forced MTAD arms ran (the study): per (cell and greedy rule, batch, prompt set,
+    length), the default's decode rate over the best other configuration's on the same
+    requests (the target alone, vLLM SD, each forced arm: the highest mean), with a 95 %
+    interval over the paired requests, and the default's and the best forced arm's over vLLM
+    SD's."""
+    out = []
+    keys = sorted({(x["cell"], x["batch"], x["config"]) for x in runs})
+    groups = sorted({(q["set"], q["length"]) for x in runs for q in x["requests"]})
+    for cell, batch, config in keys:
+        if config.split(" ")[0] != "mtad":
+            continue
+        mode = config.split(" ")[1] if " " in config else None
+        rivals = ["target", "vllm_sd"] + [
+            c for c in sorted({k[2] for k in keys if k[:2] == (cell, batch)})
+            if c.startswith("mtad_") and (mode is None or c.endswith(" " + mode))]
+        if len(rivals) == 2:
+            continue  # no forced arm ran: not a study
+        for group in groups:
+            def pairs(base, g=group):
+                return decode_pairs(runs, cell, batch, config, base,
+                                    select=lambda q: (q["set"], q["length"]) == g)
+            means = {}
+            for c in rivals:
+                a, b = pairs(c)
+                if a:
+                    means[c] = sum(b) / sum(a)  # the rival's rate over the default's
+            if not means:
+                continue
+            best = max(means, key=means.get)
+            row = {"cell": cell + (f" {mode}" if mode else ""), "batch": batch,
+                   "set": group[0], "length": group[1], "best": best}
+            ratio, lo, hi = ratio_interval(*pairs(best))
+            row["vs_best"] = {"ratio": ratio, "low": lo, "high": hi}
+            forced = [c for c in means if c.startswith("mtad_")]
+            if "vllm_sd" in means:
+                row["vs_sd"] = 1.0 / means["vllm_sd"]
+                row["best_forced_vs_sd"] = max(means[c] for c in forced) / means["vllm_sd"]
+                row["best_forced"] = max(forced, key=means.get)
+            out.append(row)
+    order = {"T=1": 0, "T=0 joint": 1, "T=0 exact": 2}
+    return sorted(out, key=lambda x: (x["batch"], order.get(x["cell"], 9), x["set"],
+                                      x["length"]))
+
+
+def study_table(rows: list[dict]) -> list[str]:
+    """The study's lines of the report (none where no forced arm ran)."""
+    if not rows:
+        return []
+    lines = ["", "The study: per cell, the default's decode rate over the best configuration's "
+             "on the same requests (95 % interval over the paired requests), and the "
+             "default's and the best forced arm's over vLLM SD's.", "",
+             "| cell | batch | prompts | tokens | best other | default / best | default / SD "
+             "| best forced arm / SD |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        sd = f"{r['vs_sd']:.2f}x" if "vs_sd" in r else "–"
+        forced = (f"{r['best_forced_vs_sd']:.2f}x ({r['best_forced']})"
+                  if "best_forced_vs_sd" in r else "–")
+        lines.append(f"| {r['cell']} | {r['batch']} | {r['set']} | {r['length']} | "
+                     f"{r['best']} | {_ratio(r['vs_best'])} | {sd} | {forced} |")
+    return lines
+
+
 def _rate(r: dict | None, key: str = "decode") -> str:
     if r is None:
         return "–"
@@ -601,7 +664,7 @@ def markdown(runs: list[dict], env: dict, minutes: float, lengths: list[int]) ->
         lines.append(f"| {r['cell']} | {r['batch']} | {r['config']} | {_rate(r)} | "
                      f"{_rate(r, 'e2e')} | {r['tok_s']:.1f} | {r['cpu_s_per_token']:.2f} | "
                      f"{acc} | {groups} | {r['chosen']} |")
-    return "\n".join(lines)
+    return "\n".join(lines + study_table(study_rows(runs)))
 
 
 def write_report(args, target, draft, env, runs, seconds) -> str:
@@ -610,6 +673,7 @@ def write_report(args, target, draft, env, runs, seconds) -> str:
                                             for k, v in vars(args).items()},
                "target": str(target), "draft": str(draft), "minutes": seconds / 60,
                "headline": headline(runs, args.until), "configs": config_rows(runs),
+               "study": study_rows(runs),
                "runs": runs}
     write_outputs("speed", payload, table, args.out)
     _plot(config_rows(runs), args.out / "speed.png")

@@ -147,6 +147,12 @@ def test_speed_study_preset_on_tiny_pair(tmp_path):
     for (cell, config), c in cells.items():
         for key in filter(None, c["chosen"].split(" ")):
             assert int(key.split("_g")[1].split(":")[0]) <= 8, (config, key)
+    study = {(r["cell"], r["set"]): r for r in data["study"]}
+    assert set(study) == {(c, s) for c in ("T=1", "T=0 joint", "T=0 exact")
+                          for s in ("humaneval", "chat")}
+    assert all(r["vs_best"]["low"] <= r["vs_best"]["ratio"] <= r["vs_best"]["high"]
+               for r in study.values())
+    assert "default / best" in (out / "speed.md").read_text()
 
 
 @pytest.mark.system
@@ -868,3 +874,32 @@ def test_a_fresh_round_splits_its_engines_where_they_do_not_fit(monkeypatch):
     available(10 * gib)
     assert speed.memory_groups(spec, configs) == [["target"], ["mtad"], ["mtad_w4g8"],
                                                   ["vllm_sd"]]
+
+
+@pytest.mark.unit
+def test_the_study_compares_the_default_with_the_best_other_configuration_per_cell():
+    """benchmarks.speed's study table: per (cell, batch, prompt set, length) the default's
+    decode rate over the best other configuration's on the same requests; the best differs
+    from group to group, and a greedy rule's default meets only its own rule's forced arms."""
+    from benchmarks.speed import study_rows
+
+    def run(cell, config, repeat, rates):
+        return {"cell": cell, "batch": 1, "config": config, "repeat": repeat,
+                "requests": [{"set": s, "length": 32, "decode_tok_s": v, "e2e_tok_s": v}
+                             for s, v in zip(("chat", "humaneval"), rates)]}
+
+    rates = {"target": (6, 6), "vllm_sd": (9, 8), "mtad": (8, 12), "mtad_w4g8": (7, 15)}
+    runs = [run("T=1", c, r, [v * (1 + 0.01 * r) for v in vs])
+            for r in range(2) for c, vs in rates.items()]
+    runs += [run("T=0", c, r, vs) for r in range(2) for c, vs in (
+        ("target", (6, 6)), ("vllm_sd", (9, 9)), ("mtad joint", (9, 9)),
+        ("mtad exact", (9, 9)), ("mtad_w4g8 joint", (3, 3)), ("mtad_w4g8 exact", (18, 18)))]
+    rows = {(r["cell"], r["set"]): r for r in study_rows(runs)}
+    chat, code = rows[("T=1", "chat")], rows[("T=1", "humaneval")]
+    assert chat["best"] == "vllm_sd" and chat["vs_best"]["ratio"] == pytest.approx(8 / 9)
+    assert code["best"] == "mtad_w4g8" and code["vs_best"]["ratio"] == pytest.approx(12 / 15)
+    assert code["vs_sd"] == pytest.approx(12 / 8)
+    assert code["best_forced_vs_sd"] == pytest.approx(15 / 8)
+    assert rows[("T=0 joint", "chat")]["best"] == "vllm_sd"
+    assert rows[("T=0 exact", "chat")]["best"] == "mtad_w4g8 exact"
+    assert study_rows([x for x in runs if "_w4g8" not in x["config"]]) == []
