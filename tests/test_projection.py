@@ -94,6 +94,19 @@ def test_measured_step_charges_every_rule_its_own_work_and_the_host():
             parts.step_ms(4, w, g, rule) + h)
         assert parts.step_ms(4, w, g, rule, Charges(host=0.3)) == pytest.approx(
             parts.step_ms(4, w, g, rule) + 0.3)
+    # The core eager (as the MTAD engine runs it today): MTAD and FLy pay the eager pieces,
+    # vLLM SD keeps one chain's graph replays.
+    eager = type(parts)(**{**parts.__dict__, "eager": {
+        "beam": {g: {4: 2.0, 64: 2.0} for g in (4, 8)},
+        "MTAD acceptance": {g: {1: 1.0, 16: 1.0} for g in (4, 8)},
+        "FLy acceptance": {g: {1: 3.0, 16: 3.0} for g in (4, 8)}}})
+    as_run = Charges(eager_core=True)
+    assert eager.step_ms(4, 4, 4, "mtad", as_run) == pytest.approx(
+        eager.step_ms(4, 4, 4, "mtad", bare) + 4 * 2.0 + 1.0)
+    assert eager.step_ms(4, 1, 4, "fly", as_run) == pytest.approx(
+        eager.step_ms(4, 1, 4, "fly", bare) + 4 * 2.0 + 3.0)
+    assert eager.step_ms(4, 1, 4, "vllm_sd", as_run) == pytest.approx(
+        parts.step_ms(4, 1, 4, "vllm_sd"))
     # The verification flat: priced as a one-token pass.
     assert parts.step_ms(4, 4, 8, "mtad", Charges(flat_verify=True)) == pytest.approx(
         parts.step_ms(4, 4, 8, "mtad") - 0.8)

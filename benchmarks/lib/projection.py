@@ -175,12 +175,16 @@ class Charges:
     sampling and acceptance, never timed on the GPU, are priced as: "one_chain" (a one-chain
     draft step as the core's beam step at B rows, as FLy's, and MTAD's acceptance), "fly"
     (the same draft steps, FLy's acceptance) or "none". ``flat_verify``: the verification
-    priced as a one-token pass (a kernel for which γ + 1 tokens cost what one does)."""
+    priced as a one-token pass (a kernel for which γ + 1 tokens cost what one does).
+    ``eager_core``: the MTAD engine's rules (MTAD and FLy) pay the core's pieces as timed
+    eager, as the engine runs them today (the graph replays assume its draft loop captured);
+    vLLM SD's stay as one chain's graph replays."""
 
     host: float | dict = 0.0
     rule_work: bool = True
     sd_work: str = "one_chain"
     flat_verify: bool = False
+    eager_core: bool = False
 
     def __post_init__(self) -> None:
         if self.sd_work not in ("one_chain", "fly", "none"):
@@ -210,6 +214,8 @@ class MeasuredParts:
     beam_step: dict  # γ -> {rows -> ms}
     acceptance: dict  # γ -> {requests -> ms}: MTAD's rule
     fly_acceptance: dict = field(default_factory=dict)  # γ -> {requests -> ms}: FLy's rule
+    # The same three pieces timed eager: {"beam": ..., "MTAD acceptance": ..., "FLy ...": ...}
+    eager: dict = field(default_factory=dict)
 
     @classmethod
     def from_reports(cls, forwards: dict, core: dict, mode: str | None = None,
@@ -234,25 +240,26 @@ class MeasuredParts:
             rows = {key(r): r for r in masked_rows} | {
                 key(r): r for r in usable if r.get("attention_mask") == "none"}
             rows = list(rows.values())
-        by_piece: dict = {"beam": {}, "MTAD acceptance": {}, "FLy acceptance": {}}
-        for r in core["rows"]:
-            if "graph_us" not in r:
-                continue
-            if r["piece"].startswith("beam step"):  # by rows (B·W), whatever the split
-                by_piece["beam"].setdefault(r["gamma"], {}).setdefault(
-                    r["rows"], []).append(r["graph_us"])
-            elif r["piece"] in by_piece:
-                by_piece[r["piece"]].setdefault(r["gamma"], {}).setdefault(
-                    r["batch"], []).append(r["graph_us"])
+        def pieces(timing):  # piece -> γ -> {rows (beam) or requests -> mean ms}
+            by: dict = {"beam": {}, "MTAD acceptance": {}, "FLy acceptance": {}}
+            for r in core["rows"]:
+                if "graph_us" not in r or timing not in r:  # a GPU's rows only
+                    continue
+                if r["piece"].startswith("beam step"):  # by rows (B·W), whatever the split
+                    by["beam"].setdefault(r["gamma"], {}).setdefault(r["rows"], []).append(
+                        r[timing])
+                elif r["piece"] in by:
+                    by[r["piece"]].setdefault(r["gamma"], {}).setdefault(
+                        r["batch"], []).append(r[timing])
+            return {piece: {g: {x: sum(v) / len(v) / 1e3 for x, v in pts.items()}
+                            for g, pts in values.items()} for piece, values in by.items()}
 
-        def ms(by):  # γ -> {x -> mean ms}
-            return {g: {x: sum(v) / len(v) / 1e3 for x, v in pts.items()} for g, pts in by.items()}
-
+        graph = pieces("graph_us")
         return cls(target={(r["batch"], r["tokens_each"]): r["ms"] for r in rows
                            if r["model"] == "target"},
                    draft={r["batch"]: r["ms"] for r in rows if r["model"] == "draft"},
-                   beam_step=ms(by_piece["beam"]), acceptance=ms(by_piece["MTAD acceptance"]),
-                   fly_acceptance=ms(by_piece["FLy acceptance"]))
+                   beam_step=graph["beam"], acceptance=graph["MTAD acceptance"],
+                   fly_acceptance=graph["FLy acceptance"], eager=pieces("eager_us"))
 
     def prices(self, rule: str, batch: int, width: int, gamma: int, charges: Charges
                ) -> StepPrices:
@@ -265,10 +272,13 @@ class MeasuredParts:
         at B)."""
         work = charges.rule_work and gamma > 0 and not (
             rule == "vllm_sd" and charges.sd_work == "none")
-        beam = self.beam_step.get(gamma, {})
-        accept = {"mtad": self.acceptance, "fly": self.fly_acceptance,
-                  "vllm_sd": self.fly_acceptance if charges.sd_work == "fly"
-                  else self.acceptance}.get(rule, {})
+        eager = charges.eager_core and rule in ("mtad", "fly")
+        beam = (self.eager["beam"] if eager else self.beam_step).get(gamma, {})
+        mtad_accept = self.eager["MTAD acceptance"] if eager else self.acceptance
+        fly_accept = self.eager["FLy acceptance"] if eager else self.fly_acceptance
+        accept = {"mtad": mtad_accept, "fly": fly_accept,
+                  "vllm_sd": fly_accept if charges.sd_work == "fly" else mtad_accept
+                  }.get(rule, {})
 
         def draft_step(rows):
             return interpolate(self.draft, rows) + (interpolate(beam, rows) if work else 0.0)
@@ -424,6 +434,7 @@ def scenarios(host_cpu: dict) -> dict[str, Charges]:
            "SD pays FLy's acceptance": Charges(sd_work="fly"),
            "verification flat (as one token)": Charges(flat_verify=True)}
     out |= {f"host {h:g} ms a step": Charges(host=h) for h in HOST_SWEEP}
+    out["MTAD's engine's core eager (as run today)"] = Charges(eager_core=True)
     out["host as on this CPU, per engine"] = Charges(host=host_cpu)
     out["host as on this CPU, verification flat"] = Charges(host=host_cpu, flat_verify=True)
     return out
