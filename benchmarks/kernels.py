@@ -20,8 +20,8 @@ import statistics
 import time
 
 from benchmarks.lib.graphs import capture, clock
-from benchmarks.lib.report import (RESULTS, code_version, environment, markdown_table,
-                                   write_outputs)
+from benchmarks.lib.report import (RESULTS, code_commit, code_version, environment,
+                                   markdown_table, write_outputs)
 from benchmarks.lib.runner import run_view
 from benchmarks.lib.shapes import DEPLOYED, REAL_PAIR, TINY_DRAFT, TINY_TARGET, Shape
 from devtools.engine import cpu_model_and_flags
@@ -623,6 +623,11 @@ def forwards_assumptions(parts) -> dict:
     }
 
 
+# The projection's own code, beside report.code_version's defaults.
+PROJECTION_CODE = ("benchmarks/kernels.py", "benchmarks/lib/projection.py",
+                   "benchmarks/lib/shapes.py")
+
+
 def forwards_project(args) -> None:
     import json
     from pathlib import Path
@@ -663,7 +668,8 @@ def forwards_project(args) -> None:
         deployed = deployed_projection(tpp, forwards, core, mode, host)
         write_outputs("deployed_projection", deployed | {
             "forwards": str(source), "core": args.core, "acceptance": args.acceptance,
-            "overhead": args.overhead, "code_version": code_version()},
+            "overhead": args.overhead, "code_commit": code_commit(),
+            "code_version": code_version(extra=PROJECTION_CODE)},
             deployed["table"], out)
         plot_deployed(deployed, Path(where) / "deployed_projection.png")
         print(deployed["table"])
