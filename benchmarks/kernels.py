@@ -533,7 +533,9 @@ def forwards_main(argv=None) -> None:
     ap.add_argument("--project", action="store_true",
                     help="no timing: the projection from --forwards (default --out's "
                          "forwards.json)")
-    ap.add_argument("--forwards", default=None, help="the forwards JSON --project reads")
+    ap.add_argument("--forwards", default=None,
+                    help="the forwards JSON(s) --project reads, comma-separated, the real "
+                         "pair's first (default: --out's forwards.json)")
     ap.add_argument("--core", default="benchmarks/reports/core-gpu-h200/core_kernels.json")
     ap.add_argument("--acceptance", default="benchmarks/reports/acceptance-cpu/acceptance.json")
     ap.add_argument("--overhead", default=None,
@@ -637,8 +639,11 @@ def forwards_project(args) -> None:
                                            t0_tokens_per_pass)
 
     out = Path(args.out) if args.out else None
-    source = Path(args.forwards) if args.forwards else (out or RESULTS) / "forwards.json"
-    forwards = json.loads(source.read_text())
+    sources = ([Path(p) for p in args.forwards.split(",")] if args.forwards
+               else [(out or RESULTS) / "forwards.json"])
+    runs = [json.loads(p.read_text()) for p in sources]  # the real pair's first
+    forwards = runs[0] | {"rows": [r for run in runs for r in run["rows"]]}
+    source = ",".join(map(str, sources))
     core = json.loads(Path(args.core).read_text())
     tpp = t0_tokens_per_pass(json.loads(Path(args.acceptance).read_text()))
     overheads = [json.loads(Path(p).read_text()) for p in (args.overhead or "").split(",") if p]
@@ -667,7 +672,7 @@ def forwards_project(args) -> None:
             int(o["args"]["batch"]): host_overheads(o) for o in overheads}
         deployed = deployed_projection(tpp, forwards, core, mode, host)
         write_outputs("deployed_projection", deployed | {
-            "forwards": str(source), "core": args.core, "acceptance": args.acceptance,
+            "forwards": source, "core": args.core, "acceptance": args.acceptance,
             "overhead": args.overhead, "code_commit": code_commit(),
             "code_version": code_version(extra=PROJECTION_CODE)},
             deployed["table"], out)
