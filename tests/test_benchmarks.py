@@ -253,6 +253,30 @@ def test_forwards_runs_and_projects_from_measured_parts(tmp_path):
 
 
 @pytest.mark.system
+def test_phases_overhead_view_on_tiny_pair(tmp_path):
+    """The host work per step beyond the forwards, one harness for every engine: each run's
+    wall time per step splits exactly into the forwards, the samplers, the runner's glue and
+    the engine outside the runner; the target alone has no draft forward, and the engines
+    that draft take more than one token a step where the target alone takes one."""
+    run_module(["benchmarks.phases", "overhead", "--tiny", "--tokens", "8", "--prompts", "1",
+                "--repeats", "1", "--out", str(tmp_path / "out")], tmp_path)
+    data = json.loads((tmp_path / "out" / "overhead.json").read_text())
+    assert [r["config"] for r in data["rows"]] == ["target", "vllm_sd", "fly", "mtad_w1",
+                                                   "mtad_w4"]
+    assert data["environment"]["cpu_model"] and len(data["runs"]) == 5
+    for run in data["runs"]:
+        assert run["wall"] == pytest.approx(run["forwards"] + run["vocab_work"]
+                                            + run["runner_glue"] + run["outside_runner"])
+        assert run["host"] == pytest.approx(run["beyond_forwards"] - run["vocab_work"])
+        assert run["host"] > 0 and run["forwards"] > 0
+    by = {r["config"]: r for r in data["runs"]}
+    assert by["target"]["phases"]["draft_forward"] == 0 and by["target"]["tokens_per_step"] == 1
+    assert all(by[c]["phases"]["draft_forward"] > 0 and by[c]["tokens_per_step"] > 1
+               for c in ("vllm_sd", "fly", "mtad_w1", "mtad_w4"))
+    assert (tmp_path / "out" / "overhead.md").read_text().startswith("| engine |")
+
+
+@pytest.mark.system
 def test_forwards_at_deployed_shapes_scaled_down(tmp_path):
     """--shapes deployed, every width divided by --scale on the CPU: the three targets (one a
     TP=4 shard) and the two drafts each time their forwards, one model at a time, masked and
