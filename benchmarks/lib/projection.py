@@ -32,11 +32,11 @@ class StepCosts:
 
 
 def step_seconds(costs: StepCosts, batch: int, width: int, gamma: int) -> float:
-    """One step's forwards: the target alone (γ = 0) or a drafting step."""
-    if gamma == 0:
-        return costs.target(batch)
-    return (costs.target(batch * (gamma + 1)) + costs.draft(batch)
-            + (gamma - 1) * costs.draft(batch * width))
+    """One step's forwards: the target alone (γ = 0) or a drafting step, by the policy's
+    formula (vllm_mtad.policy.cost.step_price) with nothing beside the forwards."""
+    prices = StepPrices(verify=costs.target, first_pass=costs.draft, beam_step=costs.draft,
+                        rest=lambda requests: 0.0)
+    return step_price(prices, batch, width, gamma, first_pass_tokens=batch)
 
 
 def tokens_per_second(costs: StepCosts, batch: int, width: int, gamma: int,
