@@ -7,7 +7,7 @@ rule: docs/policy-decisions.md (anchors named below).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 if TYPE_CHECKING:
     from vllm_mtad.policy.batch import Batch
@@ -221,8 +221,7 @@ class CostModel:
         return t + owed_share * self.owed_time(batch)
 
 
-@dataclass(frozen=True)
-class StepPrices:
+class StepPrices(NamedTuple):  # a tuple: built for every arm priced, so cheap to build
     """What each part of a step costs, by its size (seconds, or any one unit): the policy's
     fitted lines (CostModel) or parts timed elsewhere (benchmarks/lib/projection.py)."""
 
