@@ -1,13 +1,15 @@
-"""Micro-benchmarks at real sizes, without a model: the vocabulary-wide kernels of one MTAD draft
-step, and one decision of the speculation policy.
+"""Micro-benchmarks at real sizes: the vocabulary-wide kernels of one MTAD draft step (no model),
+a decoder's forwards at a model's shapes (random weights), and one decision of the policy.
 
     python -m benchmarks.kernels vocab ...    # beam step, noise, selection: definition vs ours
     python -m benchmarks.kernels core ...     # one step's core, eager and as a CUDA graph
+    python -m benchmarks.kernels forwards ... # a decoder's forwards at a model's shapes; --project
     python -m benchmarks.kernels policy ...   # what one policy decision costs on the host
 
-``python -m benchmarks.kernels vocab --help`` (or ``policy --help``) says more. Plain PyTorch
-(vLLM only for the environment record of ``policy``), so ``vocab`` and ``core`` run where vLLM
-does not (``--device cuda``). JSON and Markdown in benchmarks/results/ unless ``--out`` says otherwise.
+``python -m benchmarks.kernels vocab --help`` (or ``core``, ``forwards``, ``policy``) says more.
+Plain PyTorch (vLLM only for the environment record of ``policy``), so ``vocab``, ``core`` and
+``forwards`` run where vLLM does not (``--device cuda``). JSON and Markdown in
+benchmarks/results/ unless ``--out`` says otherwise.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import statistics
 import time
 
 from benchmarks.lib.graphs import capture, clock
-from benchmarks.lib.report import environment, markdown_table, write_outputs
+from benchmarks.lib.report import (RESULTS, code_commit, code_version, environment,
+                                   markdown_table, write_outputs)
 from benchmarks.lib.runner import run_view
+from benchmarks.lib.shapes import DEPLOYED, REAL_PAIR, TINY_DRAFT, TINY_TARGET, Shape
 from devtools.engine import cpu_model_and_flags
 
 VOCAB_DOC = """The vocabulary-wide kernels of one MTAD draft step, timed side by side at real sizes.
@@ -448,6 +452,273 @@ def core_main(argv=None):
     print(f"\nwrote {out}/core_kernels.json, core_kernels.md")
 
 
+# ---- forwards: a decoder's forwards at a model's shapes, and the projection built on them ----
+
+FORWARDS_DOC = """What a target pass and a draft forward cost on a GPU, without vLLM and without the
+weights, and the projection of every rule's speed from them.
+
+    python -m benchmarks.kernels forwards --device cuda                    # the real pair
+    python -m benchmarks.kernels forwards --device cuda --shapes deployed  # where users deploy
+    python -m benchmarks.kernels forwards --tiny                  # CPU, small shapes (tests)
+    python -m benchmarks.kernels forwards --shapes deployed --scale 16     # CPU, proves the code
+    python -m benchmarks.kernels forwards --project --out DIR     # the projection, no device
+
+A plain PyTorch decoder (benchmarks/lib/decoder.py) of each model's shapes
+(benchmarks/lib/shapes.py; random weights, bfloat16 on CUDA), each forward captured into a
+CUDA graph and replayed: a target pass over B requests × t tokens (t = 1 for the target alone,
+γ + 1 for a verification) and a draft forward over R rows of one token, on a context of
+``--context`` tokens in a KV cache. ``--shapes real``: the real pair (Qwen2.5-Coder-1.5B and
+0.5B). ``--shapes deployed``: Llama-3.1-8B, Qwen2.5-32B and one GPU's shard of Llama-3.1-70B at
+TP=4, and the drafts Qwen2.5-0.5B and Llama-3.2-1B, one model in memory at a time (the largest,
+32B, is 66 GB of weights). ``--attention``: "masked" (the causal mask a verification needs; a
+boolean mask may rule out the flash kernel) and "unmasked" (no mask for t > 1: the same reads
+and products, what a kernel without a boolean mask costs). Every row records the attention
+kernel PyTorch dispatched to.
+
+What it is not: vLLM's forward (no paged attention, no fused kernels beyond torch.compile's),
+and no tensor-parallel communication for a shard.
+
+``--project`` (no device, no vLLM) prices a step of every rule at T=0 from measured parts
+(benchmarks/lib/projection.py, by the policy's own formula vllm_mtad.policy.cost.step_price):
+these forwards, the core's pieces replayed from CUDA graphs (``--core``: beam steps, MTAD's and
+FLy's acceptance), the tokens per target pass measured on the real pair (``--acceptance``) and
+the host overhead per step measured on this CPU (``--overhead``: benchmarks.phases overhead).
+Shapes not measured are carried from the real pair's forwards by a stated scaling
+(projection.scaled_parts).
+"""
+
+
+def forwards_shapes(args) -> list[tuple[str, Shape]]:
+    """(model kind, shape) to time, in order, each scaled down by ``--scale``."""
+    if args.tiny:
+        models = [("target", TINY_TARGET), ("draft", TINY_DRAFT)]
+    elif args.shapes == "deployed":
+        targets = list(dict.fromkeys(t for t, _ in DEPLOYED.values()))
+        drafts = list(dict.fromkeys(d for _, d in DEPLOYED.values()))
+        models = [("target", s) for s in targets] + [("draft", s) for s in drafts]
+    else:
+        models = [("target", REAL_PAIR[1][0]), ("draft", REAL_PAIR[1][1])]
+    return [(kind, s.scaled(args.scale)) for kind, s in models]
+
+
+def forwards_main(argv=None) -> None:
+    import platform
+
+    import torch
+
+    from benchmarks.lib.decoder import Decoder, time_forward
+
+    ap = argparse.ArgumentParser(description=FORWARDS_DOC,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tiny", action="store_true", help="small shapes (tests, CPU)")
+    ap.add_argument("--shapes", choices=("real", "deployed"), default="real")
+    ap.add_argument("--scale", type=int, default=1,
+                    help="every width and the layers divided by this (a CPU proof)")
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--batches", default=None,
+                    help="target: requests per pass (default 1,4,16,64; deployed 1,4,16)")
+    ap.add_argument("--tokens", default="1,5,9", help="target: tokens per request (γ + 1)")
+    ap.add_argument("--rows", default="1,4,16,64,128,256", help="draft: rows per forward")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--budget", type=float, default=0.5, help="seconds of timed calls a shape")
+    ap.add_argument("--modes", default=None,
+                    help="plain (PyTorch's kernels, one per operation) and/or compiled (one "
+                         "layer's function by torch.compile); default both on CUDA for the "
+                         "real pair, compiled for deployed shapes, plain elsewhere")
+    ap.add_argument("--attention", default=None,
+                    help="masked and/or unmasked (t > 1 only); default both on CUDA, masked "
+                         "elsewhere")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--project", action="store_true",
+                    help="no timing: the projection from --forwards (default --out's "
+                         "forwards.json)")
+    ap.add_argument("--forwards", default=None,
+                    help="the forwards JSON(s) --project reads, comma-separated, the real "
+                         "pair's first (default: --out's forwards.json)")
+    ap.add_argument("--core", default="benchmarks/reports/core-gpu-h200/core_kernels.json")
+    ap.add_argument("--acceptance", default="benchmarks/reports/acceptance-cpu/acceptance.json")
+    ap.add_argument("--overhead", default=None,
+                    help="benchmarks.phases overhead JSON (host ms a step per engine)")
+    args = ap.parse_args(argv)
+    if args.project:
+        return forwards_project(args)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    args.modes = args.modes or ("plain" if not cuda else "compiled" if args.shapes ==
+                                "deployed" else "compiled,plain")
+    args.attention = args.attention or ("masked,unmasked" if cuda else "masked")
+    args.batches = args.batches or ("1,4,16" if args.shapes == "deployed" else "1,4,16,64")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    models = forwards_shapes(args)
+    batches = [int(v) for v in args.batches.split(",")]
+    tokens = [int(v) for v in args.tokens.split(",")]
+    rows_list = [int(v) for v in args.rows.split(",")]
+    env = {**cpu_model_and_flags(), "torch": torch.__version__, "device": str(device),
+           "gpu": torch.cuda.get_device_name(0) if cuda else None,
+           "cuda": torch.version.cuda, "dtype": str(dtype).replace("torch.", ""),
+           "machine": platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+           "graphs": cuda}
+    shapes = {s.name: {**s.__dict__, "head_dim": s.head_dim, "parameters": s.parameters(),
+                       "bytes_read": s.bytes_read(2 if cuda else 4)} for _, s in models}
+    columns = [("mode", "mode"), ("shape", "shape"), ("batch", "requests or rows"),
+               ("tokens_each", "tokens each"), ("attention_mask", "mask"), ("ms", "ms (median)"),
+               ("ms_min", "min"), ("ms_max", "max"), ("attention", "attention kernel")]
+    rows = []
+
+    def save(complete: bool):  # after every shape: a run stopped by a time limit keeps its rows
+        return write_outputs("forwards", {
+            "benchmark": "forwards", "args": vars(args), "shapes": shapes, "environment": env,
+            "complete": complete, "rows": rows}, markdown_table(rows, columns), args.out)
+
+    def measure(mode, model, kind, shape, batch, t, masked):
+        started = time.perf_counter()
+        try:
+            timing = time_forward(model, batch, t, device, args.repeats, args.budget, masked)
+        except Exception as exc:  # a mode that fails (a compiler error, memory): say so, go on
+            timing = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        rows.append({"mode": mode, "model": kind, "shape": shape.name, "batch": batch,
+                     "tokens_each": t, "tokens": batch * t,
+                     "attention_mask": "causal" if masked and t > 1 else "none", **timing,
+                     "seconds": time.perf_counter() - started})
+        print(f"{mode} {shape.name} {batch}x{t} {rows[-1]['attention_mask']}: "
+              f"{timing.get('ms', timing.get('error'))} {timing.get('attention', '')}",
+              flush=True)
+        save(False)
+
+    masks = [a == "masked" for a in args.attention.split(",")]
+    with torch.inference_mode():
+        for mode in args.modes.split(","):
+            for kind, shape in models:
+                if kind == "target":
+                    model = Decoder(shape, max(batches), args.context, max(tokens), device,
+                                    dtype, mode == "compiled")
+                    for b in batches:
+                        for t in tokens:
+                            for masked in masks if t > 1 else masks[:1]:
+                                measure(mode, model, kind, shape, b, t, masked)
+                else:
+                    model = Decoder(shape, max(rows_list), args.context, 1, device, dtype,
+                                    mode == "compiled")
+                    for r in rows_list:
+                        measure(mode, model, kind, shape, r, 1, True)
+                del model  # one model in memory at a time
+                if cuda:
+                    torch.cuda.empty_cache()
+    out = save(True)
+    print(markdown_table(rows, columns))
+    print(f"\nwrote {out}/forwards.json, forwards.md")
+
+
+def forwards_assumptions(parts) -> dict:
+    """The stated GPU model's three assumptions, read off the measured parts: how flat a target
+    pass is in its tokens, what a draft forward costs against a target pass, and how much beam
+    rows add to a draft forward."""
+    t, d = parts.target, parts.draft
+    return {
+        "target pass over n tokens / over 1 (B×t)": {
+            f"{b}x{k}": t[(b, k)] / t[(1, 1)] for b, k in sorted(t)},
+        "draft forward over B rows / target pass over B(γ+1) tokens": {
+            f"B={b} γ={g}": d[b] / t[(b, g + 1)] for b in (1, 4, 16) for g in (4, 8)
+            if b in d and (b, g + 1) in t},
+        "draft forward over n rows / over 1": {str(r): d[r] / d[1] for r in sorted(d)},
+    }
+
+
+# The projection's own code, beside report.code_version's defaults.
+PROJECTION_CODE = ("benchmarks/kernels.py", "benchmarks/lib/projection.py",
+                   "benchmarks/lib/shapes.py")
+
+
+def forwards_project(args) -> None:
+    import json
+    from pathlib import Path
+
+    from benchmarks.lib.projection import (MeasuredParts, deployed_projection, forwards_mode,
+                                           host_overheads, measured_projection,
+                                           t0_tokens_per_pass)
+
+    out = Path(args.out) if args.out else None
+    sources = ([Path(p) for p in args.forwards.split(",")] if args.forwards
+               else [(out or RESULTS) / "forwards.json"])
+    runs = [json.loads(p.read_text()) for p in sources]  # the real pair's first
+    forwards = runs[0] | {"rows": [r for run in runs for r in run["rows"]]}
+    source = ",".join(map(str, sources))
+    core = json.loads(Path(args.core).read_text())
+    tpp = t0_tokens_per_pass(json.loads(Path(args.acceptance).read_text()))
+    overheads = [json.loads(Path(p).read_text()) for p in (args.overhead or "").split(",") if p]
+    mode = forwards_mode(forwards)
+    parts = MeasuredParts.from_reports(forwards, core, mode,
+                                       shapes=[s.name for s in REAL_PAIR[1]])
+    rows = measured_projection(tpp, parts)
+    checks = forwards_assumptions(parts)
+    heads = [k for k in rows[0] if k.startswith(("step", "vs"))]
+    lines = ["| rule | W | γ | tokens / pass | " + " | ".join(heads) + " |",
+             "|---" * (4 + len(heads)) + "|"]
+    for r in sorted(rows, key=lambda r: (r["g"], r["config"])):
+        lines.append(f"| {r['config']} | {r['w']} | {r['g']} | {r['tokens_per_pass']:.2f} | "
+                     + " | ".join(f"{r[h]:.2f}" for h in heads) + " |")
+    for name, values in checks.items():
+        lines += ["", f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in values.items())]
+    where = write_outputs("projection", {
+        "benchmark": "forwards projection", "forwards_mode": mode,
+        "forwards_environment": forwards["environment"],
+        "core_environment": core["environment"], "core": args.core,
+        "acceptance": args.acceptance, "assumptions": checks, "rows": rows},
+        "\n".join(lines), out)
+    print("\n".join(lines))
+    if overheads:  # every rule charged its own work, per shape, with the host overhead swept
+        host = {1: host_overheads(overheads[0])} | {
+            int(o["args"]["batch"]): host_overheads(o) for o in overheads}
+        deployed = deployed_projection(tpp, forwards, core, mode, host)
+        write_outputs("deployed_projection", deployed | {
+            "forwards": source, "core": args.core, "acceptance": args.acceptance,
+            "overhead": args.overhead, "code_commit": code_commit(),
+            "code_version": code_version(extra=PROJECTION_CODE)},
+            deployed["table"], out)
+        plot_deployed(deployed, Path(where) / "deployed_projection.png")
+        print(deployed["table"])
+    print(f"\nwrote {where}/projection.json, .md" + (", deployed_projection.*" if overheads
+                                                     else ""))
+
+
+def plot_deployed(deployed: dict, path) -> None:
+    """Per shape: MTAD W=4, MTAD W=1 and FLy against vLLM SD and the target alone at batch 1,
+    γ 4 and 8, the central case as bars and the sweep's range as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in deployed["rows"] if r["batch"] == 1]
+    shapes = list(dict.fromkeys(r["pair"] for r in rows))
+    rules = [("fly", 1), ("mtad", 1), ("mtad", 4)]
+    fig, axes = plt.subplots(2, len(shapes), figsize=(3.2 * len(shapes), 6), sharey="row")
+    for col, shape in enumerate(shapes):
+        for row, over in enumerate(("SD", "target")):
+            ax = axes[row][col]
+            for i, (rule, w) in enumerate(rules):
+                for j, g in enumerate((4, 8)):
+                    r = next(x for x in rows if x["pair"] == shape and
+                             x["rule"] == rule and x["w"] == w and x["g"] == g)
+                    x = i * 2.5 + j
+                    mid, lo, hi = r[f"vs {over}"], r[f"vs {over} min"], r[f"vs {over} max"]
+                    ax.bar(x, mid, color="C0" if g == 4 else "C1",
+                           label=f"γ={g}" if i == 0 and col == 0 and row == 0 else None)
+                    ax.plot([x, x], [lo, hi], color="k", lw=1)
+            ax.axhline(1.0, color="grey", lw=0.8)
+            ax.set_xticks([i * 2.5 + 0.5 for i in range(len(rules))])
+            ax.set_xticklabels([f"{r} W{w}" if r == "mtad" else "FLy" for r, w in rules],
+                               fontsize=8)
+            ax.set_title(f"{shape}: over {'vLLM SD' if over == 'SD' else 'the target'}",
+                         fontsize=9)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Projected tok/s at batch 1, T=0 (a projection: bars the central case, lines "
+                 "the sweep)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 # ---- policy: one decision of the speculation policy ----
 
 def fed_policy(batch_size: int, seed: int = 0):
@@ -514,7 +785,8 @@ def policy_main(argv=None) -> None:
 
 
 def main(argv=None) -> None:
-    run_view({"vocab": vocab_main, "core": core_main, "policy": policy_main}, argv, __doc__.split("\n\n")[1])
+    run_view({"vocab": vocab_main, "core": core_main, "forwards": forwards_main,
+              "policy": policy_main}, argv, __doc__.split("\n\n")[1])
 
 
 if __name__ == "__main__":

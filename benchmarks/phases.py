@@ -2,8 +2,9 @@
 
     python -m benchmarks.phases step ...    # vLLM SD against MTAD, per phase of one step
     python -m benchmarks.phases draft ...   # MTAD's draft phase against W, batch and context
+    python -m benchmarks.phases overhead ...  # host work per step beyond the forwards, per engine
 
-``python -m benchmarks.phases step --help`` (or ``draft --help``) says more. Both read the
+``python -m benchmarks.phases step --help`` (or ``draft --help``, ``overhead --help``) says more. Both read the
 runner's phase counters (vllm_mtad.timing, VLLM_MTAD_PHASE_TIMERS=1 here) and write JSON and
 Markdown to benchmarks/results/ unless ``--out`` says otherwise.
 """
@@ -336,8 +337,147 @@ def draft_main(argv=None):
     print(f"\nwrote {out}/draft_phase.json, .md, .png")
 
 
+# ---- the overhead view: host work per decoding step beyond the forwards, per engine ----
+
+OVERHEAD_DOC = """Host work per decoding step beyond the forwards, the same harness for every engine.
+
+    python -m benchmarks.phases overhead --tiny             # the tiny pair (a few minutes)
+    python -m benchmarks.phases overhead --tiny --batch 4 --out DIR
+
+A GPU projection (benchmarks/lib/projection.py) prices a step from timed forwards and the core's
+timed pieces; everything else an engine does per step (scheduling, input preparation, the
+runner's bookkeeping, the beams' block tables, output processing) is host work that a GPU does
+not speed up. This measures it on the tiny pair, whose forwards are small, at T=0 (greedy) and
+γ = ``--gamma``: the target alone, vLLM SD (``draft_model``, greedy drafts) and, on one MTAD
+engine (fixed policy, every step's (W, γ) forced), FLy (W=1, the draft's argmax chain), MTAD
+W=1 and MTAD W=4 (greedy "joint"). Each engine is built once, warmed up on other prompts, then
+the configurations run ``--repeats`` times in alternating order. Per run, from the phase counters
+(vllm_mtad.timing) and the run's wall time, in ms a step (``execute_model`` + ``sample_tokens``):
+
+- ``beyond_forwards``: wall time less the target's and the draft's forwards (lm_head included);
+- of it ``vocab_work``: the rejection sampler and the draft's sampling (``sampler`` +
+  ``draft_vocab``), which a GPU projection charges from the core's timed pieces instead;
+- ``host``: the rest (``beyond_forwards`` − ``vocab_work``): the runner's glue (``step``,
+  ``draft_other``, ``beam_kv``) and the engine's work outside the runner (``outside_runner``).
+
+Reported: the median and [min, max] over repeats; JSON (every run, the machine, CPU model and
+flags) and Markdown in --out. A CPU's host overhead is not a GPU server's (another processor,
+CUDA launches and synchronisations): the projection sweeps it.
+"""
+# (configuration, engine, forced (W, γ) or None, MTAD's greedy rule, FLy's rule)
+OVERHEAD_CONFIGS = (("target", "target", None, None, False),
+                    ("vllm_sd", "sd", None, None, False),
+                    ("fly", "mtad", 1, "exact", True),
+                    ("mtad_w1", "mtad", 1, "joint", False),
+                    ("mtad_w4", "mtad", 4, "joint", False))
+
+
+def overhead_split(ph: dict, seconds: float) -> dict:
+    """ms a step of a run from its phase counters (vllm_mtad.timing.phase_times) and its wall
+    seconds: the forwards, what lies beyond them, and that split into vocabulary work (the
+    samplers), the runner's glue and the engine's work outside the runner."""
+    steps = ph["calls"]["step"] // 2  # execute_model and sample_tokens: one step
+    ms = {p: 1e3 * ph["seconds"].get(p, 0.0) / steps for p in
+          ("target_forward", "draft_forward", "draft_vocab", "beam_kv", "draft_other",
+           "sampler", "step")}
+    wall = 1e3 * seconds / steps
+    forwards = ms["target_forward"] + ms["draft_forward"]
+    vocab = ms["sampler"] + ms["draft_vocab"]
+    glue = ms["step"] + ms["draft_other"] + ms["beam_kv"]
+    beyond = wall - forwards
+    return {"steps": steps, "wall": wall, "forwards": forwards, "beyond_forwards": beyond,
+            "vocab_work": vocab, "runner_glue": glue,
+            "outside_runner": wall - forwards - vocab - glue, "host": beyond - vocab,
+            "phases": ms}
+
+
+def overhead_main(argv=None) -> None:
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    ap = argparse.ArgumentParser(description=OVERHEAD_DOC,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(ap)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
+    args = ap.parse_args(argv)
+
+    from vllm import SamplingParams
+
+    from vllm_mtad.policy.controller import force_plans
+    from vllm_mtad.sampler import FlyRule, use_comparison_rule
+    from vllm_mtad.timing import phase_times, reset_phase_times
+
+    target, draft, tiny = resolve_pair(args)
+    common = dict(dtype="float32" if tiny else default_dtype(), max_model_len=2048,
+                  max_num_seqs=max(args.batch, 1), max_num_batched_tokens=4096, block_size=32,
+                  kv_cache_bytes=(256 << 20) if tiny else (640 << 20),
+                  enable_prefix_caching=False)
+    specs = {"target": None,
+             "sd": draft_model_spec(draft, args.gamma, draft_sample_method="greedy"),
+             "mtad": mtad_spec(draft, gamma=args.gamma, width=4)}
+    engines = {name: build_llm(target, spec, **common) for name, spec in specs.items()}
+    prompts = humaneval_prompts(2 * args.prompts)
+    warm, timed = prompts[args.prompts:], prompts[:args.prompts]
+
+    def run(config, chunk):
+        name, engine, width, mode, fly = config
+        llm = engines[engine]
+        if engine == "mtad":
+            llm.collective_rpc(force_plans([(width, args.gamma)]))
+            llm.collective_rpc(use_comparison_rule(FlyRule() if fly else None))
+        params = [SamplingParams(max_tokens=args.tokens, ignore_eos=True, **GREEDY,
+                                 extra_args={"greedy_acceptance": mode} if mode else None)
+                  for _ in chunk]
+        llm.collective_rpc(reset_phase_times)
+        t0 = time.perf_counter()
+        outs = generate_in_batches(llm, chunk, params, args.batch)
+        seconds = time.perf_counter() - t0
+        split = overhead_split(llm.collective_rpc(phase_times)[0], seconds)
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        return {"config": name, "seconds": seconds, "tokens": tokens,
+                "tokens_per_step": tokens / split["steps"], **split}
+
+    for config in OVERHEAD_CONFIGS:
+        run(config, warm)
+    runs = []
+    for r in range(args.repeats):
+        for config in (OVERHEAD_CONFIGS if r % 2 == 0 else OVERHEAD_CONFIGS[::-1]):
+            runs.append(run(config, timed) | {"repeat": r})
+            print(f"repeat {r} {config[0]}: {runs[-1]['host']:.2f} ms host a step",
+                  file=sys.stderr)
+    for llm in engines.values():
+        close(llm)
+
+    keys = ("wall", "forwards", "beyond_forwards", "vocab_work", "runner_glue",
+            "outside_runner", "host", "tokens_per_step")
+    rows = []
+    for config in OVERHEAD_CONFIGS:
+        rs = [x for x in runs if x["config"] == config[0]]
+        row = {"config": config[0]}
+        for k in keys:
+            values = [x[k] for x in rs]
+            row[k] = statistics.median(values)
+            row[f"{k}_range"] = [min(values), max(values)]
+        rows.append(row)
+    cols = [("config", "engine"), ("wall", "wall ms/step"), ("forwards", "forwards"),
+            ("beyond_forwards", "beyond the forwards"), ("vocab_work", "of it: samplers"),
+            ("runner_glue", "runner glue"), ("outside_runner", "outside the runner"),
+            ("host", "host (beyond forwards and samplers)"),
+            ("tokens_per_step", "tokens/step")]
+    table = markdown_table(rows, cols)
+    payload = {"benchmark": "overhead", "environment": environment(), "args": vars(args),
+               "target": str(target), "draft": str(draft), "rows": rows, "runs": runs}
+    out = write_outputs("overhead", payload, table, args.out)
+    print(table)
+    print(f"written to {out}", file=sys.stderr)
+
+
 def main(argv=None) -> None:
-    run_view({"step": step_main, "draft": draft_main}, argv, __doc__.split("\n\n")[1])
+    run_view({"step": step_main, "draft": draft_main, "overhead": overhead_main}, argv,
+             __doc__.split("\n\n")[1])
 
 
 if __name__ == "__main__":

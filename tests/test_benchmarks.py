@@ -224,11 +224,13 @@ def test_kernels_core_runs_every_piece(tmp_path):
 
 @pytest.mark.system
 def test_forwards_runs_and_projects_from_measured_parts(tmp_path):
-    """The forward-cost benchmark times a target pass per (requests, tokens each) and a draft
-    forward per rows (tiny shapes on the CPU, no graphs), and --project prices every T=0 rule
-    of the repository's acceptance report from them and the core report's GPU pieces."""
+    """The forward-cost benchmark (benchmarks.kernels forwards) times a target pass per
+    (requests, tokens each) and a draft forward per rows (tiny shapes on the CPU, no graphs),
+    and --project prices every T=0 rule of the repository's acceptance report from them and
+    the core report's GPU pieces; with --overhead, per pair (the real one measured, the
+    deployed ones carried by the stated scaling) every rule's own work and the host overhead."""
     out = tmp_path / "out"
-    run_module(["benchmarks.forwards", "--tiny", "--context", "16", "--repeats", "1",
+    run_module(["benchmarks.kernels", "forwards", "--tiny", "--context", "16", "--repeats", "1",
                 "--budget", "0.01", "--out", str(out)], tmp_path)
     data = json.loads((out / "forwards.json").read_text())
     assert data["complete"] and data["args"]["modes"] == "plain"
@@ -237,14 +239,69 @@ def test_forwards_runs_and_projects_from_measured_parts(tmp_path):
     assert sorted(r["batch"] for r in data["rows"] if r["model"] == "draft") == [
         1, 4, 16, 64, 128, 256]
     assert all(r["ms_min"] <= r["ms"] <= r["ms_max"] for r in data["rows"])
-    run_module(["benchmarks.forwards", "--project", "--out", str(out),
-                "--core", str(ROOT / "benchmarks/reports/core-gpu-h200/core_kernels.json"),
-                "--acceptance", str(ROOT / "benchmarks/reports/acceptance-cpu/acceptance.json")],
+    assert all(r["attention"] and not r["attention"].startswith("unknown")
+               for r in data["rows"])  # the kernel scaled_dot_product_attention took
+    report = ROOT / "benchmarks/reports"
+    run_module(["benchmarks.kernels", "forwards", "--project", "--out", str(out),
+                "--forwards", str(report / "forwards-gpu-h200/forwards.json"),
+                "--core", str(report / "core-gpu-h200/core_kernels.json"),
+                "--acceptance", str(report / "acceptance-cpu/acceptance.json"),
+                "--overhead", str(report / "gpu-projection-deployed/overhead_b1.json")],
                tmp_path)
     rows = {r["config"]: r for r in json.loads((out / "projection.json").read_text())["rows"]}
     assert {"vllm_sd_greedy g8 T0", "fly g8 T0", "mtad w4 g8 T0"} <= set(rows)
     assert rows["vllm_sd_greedy g4 T0"]["vs SD b16"] == 1.0
     assert all(r[k] > 0 for r in rows.values() for k in r if k.startswith(("vs", "step")))
+    deployed = json.loads((out / "deployed_projection.json").read_text())
+    assert {(r["pair"], r["assumed"]) for r in deployed["rows"]} == {
+        ("1.5B/0.5B", False), ("8B/1B", True), ("32B/0.5B", True), ("70B-TP4/1B", True)}
+    assert (out / "deployed_projection.png").stat().st_size > 0
+
+
+@pytest.mark.system
+def test_phases_overhead_view_on_tiny_pair(tmp_path):
+    """The host work per step beyond the forwards, one harness for every engine: each run's
+    wall time per step splits exactly into the forwards, the samplers, the runner's glue and
+    the engine outside the runner; the target alone has no draft forward, and the engines
+    that draft take more than one token a step where the target alone takes one."""
+    run_module(["benchmarks.phases", "overhead", "--tiny", "--tokens", "8", "--prompts", "1",
+                "--repeats", "1", "--out", str(tmp_path / "out")], tmp_path)
+    data = json.loads((tmp_path / "out" / "overhead.json").read_text())
+    assert [r["config"] for r in data["rows"]] == ["target", "vllm_sd", "fly", "mtad_w1",
+                                                   "mtad_w4"]
+    assert data["environment"]["cpu_model"] and len(data["runs"]) == 5
+    for run in data["runs"]:
+        assert run["wall"] == pytest.approx(run["forwards"] + run["vocab_work"]
+                                            + run["runner_glue"] + run["outside_runner"])
+        assert run["host"] == pytest.approx(run["beyond_forwards"] - run["vocab_work"])
+        assert run["host"] > 0 and run["forwards"] > 0
+    by = {r["config"]: r for r in data["runs"]}
+    assert by["target"]["phases"]["draft_forward"] == 0 and by["target"]["tokens_per_step"] == 1
+    assert all(by[c]["phases"]["draft_forward"] > 0 and by[c]["tokens_per_step"] > 1
+               for c in ("vllm_sd", "fly", "mtad_w1", "mtad_w4"))
+    assert (tmp_path / "out" / "overhead.md").read_text().startswith("| engine |")
+
+
+@pytest.mark.system
+def test_forwards_at_deployed_shapes_scaled_down(tmp_path):
+    """--shapes deployed, every width divided by --scale on the CPU: the three targets (one a
+    TP=4 shard) and the two drafts each time their forwards, one model at a time, masked and
+    unmasked verifications, each with its attention kernel recorded."""
+    out = tmp_path / "out"
+    run_module(["benchmarks.kernels", "forwards", "--shapes", "deployed", "--scale", "32",
+                "--context", "16", "--batches", "1,4", "--tokens", "1,5", "--rows", "1,8",
+                "--attention", "masked,unmasked", "--repeats", "1", "--budget", "0.01",
+                "--out", str(out)], tmp_path)
+    data = json.loads((out / "forwards.json").read_text())
+    assert data["complete"] and not [r for r in data["rows"] if "error" in r]
+    shapes = {r["shape"] for r in data["rows"]}
+    assert shapes == {"Llama-3.1-8B / 32", "Qwen2.5-32B / 32", "Llama-3.1-70B / TP=4 / 32",
+                      "Qwen2.5-0.5B / 32", "Llama-3.2-1B / 32"}
+    per_target = [(r["batch"], r["tokens_each"], r["attention_mask"]) for r in data["rows"]
+                  if r["shape"] == "Qwen2.5-32B / 32"]
+    assert sorted(per_target) == [(1, 1, "none"), (1, 5, "causal"), (1, 5, "none"),
+                                  (4, 1, "none"), (4, 5, "causal"), (4, 5, "none")]
+    assert all(r["attention"] for r in data["rows"])
 
 
 @pytest.mark.unit

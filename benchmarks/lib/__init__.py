@@ -1,4 +1,5 @@
 """What the benchmark programs share: prompts (prompts.py), engine configurations and the
 equal-sampler switch (engines.py), the runner that warms up, interleaves and repeats
-(runner.py), records, tables and plots (report.py), statistics (stats.py) and HumanEval's
-harness (humaneval.py). No program imports another; every program imports from here."""
+(runner.py), records, tables and plots (report.py), statistics (stats.py), HumanEval's
+harness (humaneval.py), device timing (graphs.py), model shapes and a plain PyTorch decoder
+(shapes.py, decoder.py) and the step-cost model of the projections (projection.py). No program imports another; every program imports from here."""

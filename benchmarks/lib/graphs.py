@@ -1,5 +1,5 @@
 """Timing device work: calls clocked between synchronisations, and CUDA graph capture (plain
-PyTorch, no vLLM: benchmarks.kernels core and benchmarks.forwards run on a GPU without it)."""
+PyTorch, no vLLM: benchmarks.kernels core and forwards run on a GPU without it)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ rule: docs/policy-decisions.md (anchors named below).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 if TYPE_CHECKING:
     from vllm_mtad.policy.batch import Batch
@@ -208,12 +208,43 @@ class CostModel:
         first pass and beam steps plus ``owed_share`` of :meth:`owed_time`; without a draft,
         the verify line's price corrected by ``no_draft`` at this batch size."""
         B = batch.size
-        t = self.rest.predict(B)
         if num_tokens == 0:
-            return t + self.verify.predict(B) * self.no_draft_ratio(B).value
-        t += self.verify.predict(B * (1 + num_tokens))
+            ratio = self.no_draft_ratio(B).value
+            return step_price(StepPrices(lambda n: self.verify.predict(n) * ratio,
+                                         self.first_pass.predict, self.beam_step.predict,
+                                         self.rest.predict), B, width, 0)
         first = batch.first_pass_tokens
-        first = B * (1 + num_tokens) if first is None else max(first - batch.other_tokens, B)
-        t += self.first_pass.predict(first)
-        t += (num_tokens - 1) * self.beam_step.predict(B * width)
+        first = None if first is None else max(first - batch.other_tokens, B)
+        t = step_price(StepPrices(self.verify.predict, self.first_pass.predict,
+                                  self.beam_step.predict, self.rest.predict),
+                       B, width, num_tokens, first)
         return t + owed_share * self.owed_time(batch)
+
+
+class StepPrices(NamedTuple):  # a tuple: built for every arm priced, so cheap to build
+    """What each part of a step costs, by its size (seconds, or any one unit): the policy's
+    fitted lines (CostModel) or parts timed elsewhere (benchmarks/lib/projection.py)."""
+
+    verify: Callable[[float], float]  # the target's pass over n decode tokens
+    first_pass: Callable[[float], float]  # the draft's first pass over n tokens
+    beam_step: Callable[[float], float]  # one later draft step over n rows (B·W)
+    rest: Callable[[float], float]  # the step's other work, by its requests B
+
+
+def step_price(prices: StepPrices, batch_size: int, width: int, num_tokens: int,
+               first_pass_tokens: float | None = None) -> float:
+    """The step (W, γ) = (width, num_tokens) of B = ``batch_size`` requests, priced part by
+    part: the rest of the step (by B) and the target's pass, over B tokens without a draft;
+    with one, over B·(γ + 1) tokens, plus the draft's first pass (over
+    ``first_pass_tokens``, by default B·(γ + 1): it reads what the last step accepted) and
+    γ − 1 beam steps over B·W rows. The one definition the policy (CostModel.step_time) and
+    the GPU projection price a step by."""
+    B = batch_size
+    t = prices.rest(B)
+    if num_tokens == 0:
+        return t + prices.verify(B)
+    t += prices.verify(B * (1 + num_tokens))
+    t += prices.first_pass(B * (1 + num_tokens) if first_pass_tokens is None
+                           else first_pass_tokens)
+    t += (num_tokens - 1) * prices.beam_step(B * width)
+    return t
