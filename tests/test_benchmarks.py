@@ -847,3 +847,27 @@ def test_report_only_keeps_the_environment_the_records_were_made_in(tmp_path):
     assert kept["cpu_model"] == "AMD EPYC 7B13" and kept["reported_on"] == here["cpu_model"]
     ran = records_environment(previous, report_only=False)
     assert ran["cpu_model"] == here["cpu_model"] and "reported_on" not in ran
+
+
+@pytest.mark.unit
+def test_store_resumes_from_compressed_and_plain_records(tmp_path):
+    """The record store (benchmarks/lib/store.py) reads a committed report's compressed records
+    first, then the plain file a resumed run appends to; the last record of a key wins."""
+    import gzip
+
+    from benchmarks.lib.store import Store
+
+    rows = [{"config": "a", "task_id": "t0", "sample": 0, "v": 1},
+            {"config": "a", "task_id": "t1", "sample": 0, "v": 2}]
+    path = tmp_path / "records.jsonl"
+    path.with_name("records.jsonl.gz").write_bytes(
+        gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    store = Store(path)
+    assert ("a", "t0", 0) in store and ("a", "t2", 0) not in store
+    store.append([{"config": "a", "task_id": "t2", "sample": 0, "v": 3},
+                  {"config": "a", "task_id": "t0", "sample": 0, "v": 4}])
+    again = Store(path)
+    assert [r["v"] for r in again.records] == [1, 2, 3, 4]
+    assert again.rows[("a", "t0", 0)]["v"] == 4 and len(again.rows) == 3
+    by_set = Store(path, key=lambda r: (r["config"],))
+    assert list(by_set.rows) == [("a",)]

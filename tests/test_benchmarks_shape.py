@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_docs import is_speed_table, tables
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +28,6 @@ MAX_PROGRAMS = 8
 MAX_REPORT_BYTES = 1 << 20
 MAX_README_LINES = 250
 RATIO = re.compile(r"\b\d+(?:\.\d+)?(?:[–-]\d+(?:\.\d+)?)?x\b")  # "1.3x", "1.07–1.94x"
-SPEED = re.compile(r"tok/s|tokens/s|tokens per second")
 
 
 def programs(folder: Path) -> list[Path]:
@@ -70,23 +71,13 @@ def output_defaults_in_reports(source: str) -> list[str]:
 
 
 def speed_tables(text: str) -> int:
-    """Speed tables in a Markdown text: tables with a rate (tok/s) or a ratio ("1.3x") in them,
-    plus every prose line (outside tables and code) with a ratio: a ratio in prose is a table
-    cell without its table."""
-    count, table, fenced = 0, [], False
-    for line in text.splitlines() + [""]:
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
-        if not fenced and line.lstrip().startswith("|"):
-            table.append(line)
-            continue
-        if table:
-            cells = "\n".join(table)
-            count += bool(SPEED.search(cells) or RATIO.search(cells))
-            table = []
-        if not fenced and RATIO.search(line):
-            count += 1
-    return count
+    """Speed tables in a Markdown text (tests/test_docs.py's detection), plus every prose line
+    (outside tables and code) with a speed ratio: a ratio in prose is a table cell without its
+    table."""
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    lines = [line for line in prose.splitlines()
+             if not line.lstrip().startswith("|") and RATIO.search(line)]
+    return sum(is_speed_table(t) for t in tables(text)) + len(lines)
 
 
 def committed(folder: Path) -> list[Path]:

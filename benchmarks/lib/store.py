@@ -1,9 +1,12 @@
 """The resumable record store every benchmark program keeps its measurements in: one JSON
 object a line, appended as soon as it is measured, so that a run stopped by hand resumes where
-it stopped (a rerun skips the keys the file has)."""
+it stopped (a rerun skips the keys the file has). A committed report may keep its records
+compressed (``records.jsonl.gz``, under the reports' 1 MB a file): they are read first, and
+new records go to the plain file beside them."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -18,8 +21,10 @@ class Store:
         self.key = key or (lambda row: (row["config"], row["task_id"], row["sample"]))
         self.rows: dict[tuple, dict] = {}
         self.records: list[dict] = []
-        if path.exists():
-            for line in path.read_text().splitlines():
+        packed = path.with_name(path.name + ".gz")
+        for text in (gzip.decompress(packed.read_bytes()).decode() if packed.exists() else "",
+                     path.read_text() if path.exists() else ""):
+            for line in text.splitlines():
                 if line.strip():
                     self._keep(json.loads(line))
 
