@@ -41,8 +41,9 @@ instead of the best one, and what that costs in target rows.
 
 Plain PyTorch over Hugging Face models (no vLLM), greedy "joint" MTAD at T=0 as
 docs/algorithm.md defines it and devtools/reference.py implements it without a cache: beam
-search of W beams over γ draft steps, the joint rule (the largest k with
-Σ_{i≤k} log p(x_i) − log q(x_i) ≥ log τ, unprocessed softmaxes), then the target's argmax.
+search of W beams over γ draft steps, the joint rule (the package's own,
+vllm_mtad.core.acceptance: the largest k with Σ_{i≤k} log p(x_i) − log q(x_i) ≥ log τ, here on
+unprocessed softmaxes), then the target's argmax.
 Here with KV caches: each model keeps its committed context's cache (batch 1); a draft step
 runs every beam's tokens so far on a copy of the draft's cache, and one target pass reads all
 W beams on a copy of the target's. The generation follows MTAD's own choice (the best beam by
@@ -58,7 +59,6 @@ prompt); output headroom.json, headroom.md (default folder: benchmarks/results/h
 from __future__ import annotations
 
 import copy
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -261,15 +261,17 @@ def beam_search(draft: Context, width: int, gamma: int) -> list[Beam]:
     return beams
 
 
-def accepted(beam: Beam, target_lp: torch.Tensor, tau: float) -> int:
-    """The joint rule: the largest k with Σ_{i≤k} log p(x_i) − log q(x_i) ≥ log τ (0 if none).
-    target_lp: [γ, V] the target's log-softmax at each of the beam's draft positions."""
-    s, k = 0.0, 0
-    for i, (tok, q) in enumerate(zip(beam.tokens, beam.logprobs)):
-        s += float(target_lp[i, tok]) - q
-        if s >= math.log(tau):
-            k = i + 1
-    return k
+def accepted(beams: list[Beam], target_lp: torch.Tensor, tau: float) -> list[int]:
+    """Each beam's k* by the package's joint rule (vllm_mtad.core.acceptance: the largest k
+    with Σ_{i≤k} log p(x_i) − log q(x_i) ≥ log τ, 0 if none). target_lp: [W, γ + 1, V] the
+    target's log-softmax at each beam's draft positions and one past."""
+    from vllm_mtad.core.acceptance import accepted_lengths
+
+    width = len(beams)
+    return accepted_lengths(torch.tensor([b.tokens for b in beams]),
+                            torch.tensor([b.logprobs for b in beams]), target_lp,
+                            torch.full((width,), tau), torch.zeros(width, dtype=torch.bool)
+                            ).tolist()
 
 
 def trie_nodes(beams: list[Beam]) -> int:
@@ -292,7 +294,7 @@ def run_prompt(target, draft, prompt: list[int], width: int, gamma: int, tau: fl
             # Position i's distribution: the context's last logits (i = 0), else the beam's.
             lp = torch.cat([t_ctx.last[None, None].expand(len(beams), 1, -1), logits], 1)
             lp = lp.log_softmax(-1)  # [W, γ+1, V]
-            ks = [accepted(b, lp[w, :gamma], tau) for w, b in enumerate(beams)]
+            ks = accepted(beams, lp, tau)
             k = ks[0]  # MTAD verifies the best beam (beam_search returns it first)
             best_k.append(k)
             any_k.append(max(ks))
