@@ -16,7 +16,7 @@ neither holds the runner nor the other. It holds:
   the draft's and the target's distributions are processed);
 - the speculation policy's per-request bookkeeping: the beams of each request's latest draft
   (its acceptance statistics are counted by that width), where its draft KV stops
-  (:class:`vllm_mtad.policy.draft_kv.DraftKVTracker`), and what pricing a step reads of the
+  (:class:`vllm_mtad.draft_kv.DraftKVTracker`), and what pricing a step reads of the
   rows (:meth:`MTADRequestState.demand`). The policy's engine-wide state — cost lines,
   acceptance counts, chosen plans — is the
   :class:`vllm_mtad.policy.controller.SpeculationController`'s.
@@ -35,7 +35,7 @@ import torch
 from vllm_mtad.config import MTADConfig, request_settings
 from vllm_mtad.core.processing import Candidates, CandidateSizing, is_greedy, size_candidates
 from vllm_mtad.policy.batch import RowDemand
-from vllm_mtad.policy.draft_kv import DraftKVTracker
+from vllm_mtad.draft_kv import DraftKVTracker
 
 
 def request_seed(sampling_params, req_id: str) -> int:

@@ -243,11 +243,11 @@ class _FlatTarget:
         self.cands = None  # Candidates over the N rows, when sparse
         self.processed_logits = None  # [N, V], when dense
         if not sampling_metadata.all_greedy:
-            _, plan = state.candidate_sizing(B, self.V, 1)
-            if plan.num_candidates is not None and not need_processed_logits:
+            _, sizing = state.candidate_sizing(B, self.V, 1)
+            if sizing.num_candidates is not None and not need_processed_logits:
                 self.cands = sparse_candidates_unless_overflow_host_sync(
                     target_logits, per_token(temp), per_token(sampling_metadata.top_k),
-                    per_token(sampling_metadata.top_p), replace(plan, any_greedy=False))
+                    per_token(sampling_metadata.top_p), replace(sizing, any_greedy=False))
             if self.cands is not None:
                 hit = self.cands.token_ids == tok[:, None]  # [N, K]
                 processed = torch.where(hit, self.cands.logprobs,
@@ -325,8 +325,8 @@ class SelectingTopKTopP(torch.nn.Module):
         if k is None or p is None or self.state.input_batch is None \
                 or len(self.state.req_ids(R)) < R:  # top-k only: vLLM's sorts nothing
             return None
-        greedy, plan = self.state.candidate_sizing(R, V, 1)
-        return mask_top_k_top_p(logits, k, p, plan,
+        greedy, sizing = self.state.candidate_sizing(R, V, 1)
+        return mask_top_k_top_p(logits, k, p, sizing,
                                 torch.tensor(greedy, dtype=torch.bool).to(logits.device))
 
 
@@ -351,12 +351,12 @@ def bonus_sampler(sampler, state: MTADRequestState):
     return bonus
 
 
-def sparse_candidates_unless_overflow_host_sync(logits, temperature, top_k, top_p, plan):
+def sparse_candidates_unless_overflow_host_sync(logits, temperature, top_k, top_p, sizing):
     """The processed distribution of the target rows as candidates (one k-selection per row),
     or None when some row's ties at its k-th value reach past the K candidates (rare: the
     slack grows with k); the caller then takes vLLM's dense path. Reading that flag is a host
     sync: one per verify step, on batches where every sampled request uses top-k."""
-    cands = draft_candidates(logits, temperature, top_k, top_p, plan)
+    cands = draft_candidates(logits, temperature, top_k, top_p, sizing)
     return None if bool(cands.overflow.any()) else cands
 
 
