@@ -225,7 +225,7 @@ class MTADProposer(DraftModelProposer):
             self.state.widths[req_id] = w
         self._last_logprobs = logprobs[:, :, None].contiguous()
         self.state.drafts.put(step.req_ids, tokens, logprobs)
-        if self._kept_steps:  # a comparison rule reads the draft's distributions
+        if self._kept_steps:  # a baseline rule reads the draft's distributions
             self.state.distributions.put(step.req_ids, self._kept_steps)
         self.stats["beam_steps"] += draft.gamma - 1
         self.stats["rounds"] += 1
@@ -294,7 +294,7 @@ class MTADProposer(DraftModelProposer):
         whose candidates overflowed."""
         B, W, V = draft.B, draft.W, draft.V
         layout, row_width = self._beam_layout(draft)
-        # One beam a row, for a comparison rule (use_comparison_rule): q̃ at every position.
+        # One beam a row, for a baseline rule (use_baseline_rule): q̃ at every position.
         self._kept_steps = keep = [] if self.state.distributions is not None and W == 1 \
             else None
         # Step 1: W distinct tokens from the first-pass distribution.

@@ -5,7 +5,7 @@ the equal-sampler switch. Two ways to name a configuration, one per kind of ques
   built by :class:`EngineSet`, set up by :func:`prepare`;
 - *the rules' grid* (:func:`configurations`: benchmarks.acceptance, benchmarks.quality's
   ``rules`` and benchmarks.speed's ``rules``): per temperature and γ, vLLM SD, MTAD "exact",
-  FLy (a baseline: the lossy peer, vllm_mtad.sampler.use_comparison_rule) and MTAD W=...,
+  FLy (a baseline: the lossy peer, vllm_mtad.sampler.use_baseline_rule) and MTAD W=...,
   each a dict, engines built by :func:`build`, set up by :func:`prepare_rule`.
 
 An *engine* is one vLLM ``LLM`` (in this process); a *configuration* is what a timed run asks of
@@ -220,11 +220,11 @@ def prepare_rule(llm, config: dict) -> None:
     the rule (FLy's, the baseline, or MTAD's)."""
     if config["engine"] in ("mtad", "mtad_adaptive"):
         from vllm_mtad.policy.controller import force_plans
-        from vllm_mtad.sampler import FlyRule, use_comparison_rule
+        from vllm_mtad.sampler import FlyRule, use_baseline_rule
 
         llm.collective_rpc(force_plans(None if config.get("adaptive")
                                        else [(config["w"], config["g"])]))
-        llm.collective_rpc(use_comparison_rule(FlyRule() if config.get("rule") else None))
+        llm.collective_rpc(use_baseline_rule(FlyRule() if config.get("rule") else None))
 
 
 def sampling_params(config: dict, n: int, max_tokens: int, stop=None, ignore_eos=False,
