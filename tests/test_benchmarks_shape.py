@@ -1,6 +1,6 @@
 """The shape benchmarks/ keeps (issue 58), as tests/test_code_shape.py keeps the package's: one
 program per question and at most 8 of them, programs that import only benchmarks.lib (and the
-package and devtools), never each other; output by default in benchmarks/results/ (ignored),
+package and devtools), never each other, and set no environment when imported; output by default in benchmarks/results/ (ignored),
 never in benchmarks/reports/; a reports folder of data and prose (no code, no file over 1 MB);
 a README of at most 250 lines with one speed table, where speed ratios in prose count as
 tables. The last test feeds each counter synthetic input, so that every check can fail."""
@@ -54,6 +54,33 @@ def program_imports(source: str) -> set[str]:
             if m.startswith("benchmarks.") and m.split(".")[1] != "lib"}
 
 
+def environment_at_import(source: str) -> list[str]:
+    """Statements at a module's top level (outside functions, classes and ``if __name__ ==
+    "__main__"``) that set ``os.environ`` (an item assigned, setdefault, update): importing the
+    module would change the importer's environment."""
+    def sets(node) -> bool:
+        for n in ast.walk(node):
+            targets = n.targets if isinstance(n, ast.Assign) else (
+                [n.target] if isinstance(n, ast.AugAssign) else [])
+            if any(isinstance(t, ast.Subscript) and ast.unparse(t.value) == "os.environ"
+                   for t in targets):
+                return True
+            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                    and ast.unparse(n.func.value) == "os.environ"
+                    and n.func.attr in ("setdefault", "update", "__setitem__")):
+                return True
+        return False
+
+    found = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test):
+            continue
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and sets(node):
+            found.append(f"line {node.lineno}: {ast.unparse(node).splitlines()[0]}")
+    return found
+
+
 def output_defaults_in_reports(source: str) -> list[str]:
     """The ``add_argument("--out...", default=...)`` (and ``--log``) whose default names
     benchmarks/reports (what a run would then write into the committed reports)."""
@@ -100,6 +127,12 @@ def test_no_program_imports_another_and_the_library_imports_none():
     assert {k: v for k, v in found.items() if v} == {}
 
 
+def test_no_environment_set_at_import():
+    found = {p.name: environment_at_import(p.read_text())
+             for p in programs(BENCHMARKS) + sorted((BENCHMARKS / "lib").glob("*.py"))}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
 def test_no_default_output_in_the_reports():
     from benchmarks.lib.report import RESULTS
 
@@ -134,6 +167,10 @@ def test_the_checks_can_fail(tmp_path):
                            "from benchmarks.lib.stats import summary\n"
                            "def f():\n    from benchmarks.soak import main\n") == {
         "benchmarks.acceptance", "benchmarks.speed", "benchmarks.quality", "benchmarks.soak"}
+    assert environment_at_import('import os\nos.environ.setdefault("A", "1")\nX = os.environ.get("B")\n'
+                                 'def main():\n    os.environ["C"] = "1"\n'
+                                 'if __name__ == "__main__":\n    os.environ["D"] = "1"\n') == [
+        'line 2: os.environ.setdefault(\'A\', \'1\')']
     assert output_defaults_in_reports(
         'ap.add_argument("--out", type=Path, default=Path("benchmarks/reports/x"))\n'
         'ap.add_argument("--log", default=RESULTS / "log")\n'
