@@ -23,11 +23,8 @@ import os
 import random
 import time
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-from benchmarks.lib.report import environment, markdown_table, write_outputs  # noqa: E402
-from devtools.engine import build_llm, close, metric_sum, mtad_spec  # noqa: E402
+from benchmarks.lib.report import environment, markdown_table, write_outputs
+from devtools.engine import build_llm, close, metric_sum, mtad_spec
 
 GAMMA = 4
 TAU = 0.5
@@ -100,6 +97,9 @@ def run_one(target: str, spec: dict | None, prompts, new_tokens: int, kv_bytes: 
 
 
 def main(argv=None):
+    # Set before torch and vLLM are first imported (below, in the functions this calls).
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",

@@ -17,17 +17,13 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-# Per-phase counters in the runner (patches/worker/patch_phase_timers.py).
-os.environ.setdefault("VLLM_MTAD_PHASE_TIMERS", "1")
-
-from benchmarks.lib.engines import select_everywhere  # noqa: E402
-from benchmarks.lib.prompts import GREEDY, PAPER, humaneval_prompts  # noqa: E402
-from benchmarks.lib.report import environment, markdown_table, write_outputs  # noqa: E402
-from benchmarks.lib.runner import generate_in_batches, run_view  # noqa: E402
-from devtools.engine import (build_llm, close, default_dtype, draft_model_spec,  # noqa: E402
+from benchmarks.lib.engines import select_everywhere
+from benchmarks.lib.prompts import GREEDY, PAPER, humaneval_prompts
+from benchmarks.lib.report import environment, markdown_table, write_outputs
+from benchmarks.lib.runner import generate_in_batches, run_view
+from devtools.engine import (build_llm, close, default_dtype, draft_model_spec,
                              mtad_spec, release_memory)
-from devtools.models import add_model_args, resolve_pair  # noqa: E402
+from devtools.models import add_model_args, resolve_pair
 
 STEP_DOC = """Where one speculative step's time goes: vLLM's speculative decoding against MTAD, per phase.
 
@@ -476,6 +472,9 @@ def overhead_main(argv=None) -> None:
 
 
 def main(argv=None) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # Per-phase counters in the runner (patches/worker/patch_phase_timers.py).
+    os.environ.setdefault("VLLM_MTAD_PHASE_TIMERS", "1")
     run_view({"step": step_main, "draft": draft_main, "overhead": overhead_main}, argv,
              __doc__.split("\n\n")[1])
 

@@ -589,12 +589,12 @@ def test_acceptance_table_on_tiny_pair_resumes_and_reports(tmp_path):
 
 @pytest.mark.system
 def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
-    """benchmarks.rules_quality end to end at T=0 and T=1: a checked HumanEval record and a
+    """benchmarks.quality rules end to end at T=0 and T=1: a checked HumanEval record and a
     perplexity for every (configuration, prompt) (scored by a second run after --no-score),
     FLy at both temperatures, each run's engine counters equal to its requests' metrics, a
     rerun that adds nothing, and rows paired against the target alone."""
     out = tmp_path / "out"
-    common = ["benchmarks.rules_quality", "--tiny", "--problems", "2", "--chat", "2",
+    common = ["benchmarks.quality", "rules", "--tiny", "--problems", "2", "--chat", "2",
               "--max-tokens", "10", "--chat-tokens", "10", "--gammas", "3", "--widths", "1,2",
               "--temperatures", "0,1", "--batch", "2", "--out", str(out)]
     run_module(common + ["--no-score"], tmp_path)  # generated and checked, not scored
@@ -651,7 +651,7 @@ def test_rules_quality_on_tiny_pair_resumes_and_reports(tmp_path):
 def test_rules_quality_pairs_perplexity_by_task_id():
     """Perplexities are paired by task id, not by position: an output without tokens on one
     side (no perplexity) leaves its task out of the pair instead of shifting every later one."""
-    from benchmarks.rules_quality import paired_by_task
+    from benchmarks.quality import paired_by_task
 
     a = {"t0": 1.0, "t1": 2.0, "t2": 4.0}
     b = {"t0": 1.5, "t2": 3.0}  # t1's output was empty
@@ -663,12 +663,12 @@ def test_rules_quality_pairs_perplexity_by_task_id():
 
 @pytest.mark.unit
 def test_headroom_follows_the_reference_and_any_beam_bounds_the_best(tiny_pair_dirs):
-    """benchmarks.headroom's cached beam search and joint rule give devtools.reference's
+    """benchmarks.acceptance --all-beams' cached beam search and joint rule give devtools.reference's
     (cache-free, independent) greedy "joint" MTAD token for token, with the same accepted
     length every round; the longest prefix over the beams is never shorter than the best
     beam's, equals it with one beam, and exceeds it somewhere with four (the tiny draft is
     not the target)."""
-    from benchmarks.headroom import run_prompt
+    from benchmarks.acceptance import run_prompt
     from devtools import reference as ref
     from devtools.tiny_models import load_pair
     from vllm_mtad.config import MTADConfig
@@ -690,8 +690,26 @@ def test_headroom_follows_the_reference_and_any_beam_bounds_the_best(tiny_pair_d
     assert gained > 0
 
 
+@pytest.mark.system
+def test_acceptance_all_beams_on_tiny_pair_resumes_and_reports(tmp_path):
+    """benchmarks.acceptance --all-beams end to end: a record per (W, γ, prompt), a rerun that
+    adds nothing, and the table (any beam never below the best beam)."""
+    out = tmp_path / "out"
+    common = ["benchmarks.acceptance", "--all-beams", "--tiny", "--widths", "1,2", "--gammas",
+              "3", "--prompts", "chat:2", "--max-tokens", "8", "--out", str(out)]
+    run_module(common, tmp_path)
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert sorted((r["width"], r["prompt"]) for r in records) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    before = (out / "records.jsonl").read_text()
+    run_module(common, tmp_path)  # resumed: nothing left to do
+    assert (out / "records.jsonl").read_text() == before
+    rows = json.loads((out / "headroom.json").read_text())["rows"]
+    assert set(rows) == {"W1 g3", "W2 g3"} and all(r["any"] >= r["best"] for r in rows.values())
+    assert (out / "headroom.md").read_text().startswith("| W | γ |")
+
+
 def _rows_from(costs, tpp):
-    """benchmarks.rules_speed rows made by a known cost model (every run exactly on it)."""
+    """benchmarks.speed rules rows made by a known cost model (every run exactly on it)."""
     from benchmarks.lib.projection import step_seconds, tokens_per_second
 
     rows = []
@@ -720,7 +738,7 @@ def test_rules_speed_cost_model_check_reproduces_a_machine_made_by_the_model():
     linear cost model it recovers every ratio (all within their ±1 % spread) and SD's tok/s;
     on rows where SD ran 30 % slower than its costs say, every ratio falls outside."""
     from benchmarks.lib.projection import linear_costs
-    from benchmarks.rules_speed import cpu_model_check
+    from benchmarks.speed import cpu_model_check
 
     tpp = {"vllm_sd_greedy g4 T0": 3.9, "vllm_sd_greedy g8 T0": 5.8, "fly g4 T0": 4.2,
            "fly g8 T0": 6.9, "mtad w1 g4 T0": 4.4, "mtad w4 g4 T0": 4.7, "mtad w1 g8 T0": 6.6,
@@ -754,7 +772,7 @@ def test_rules_speed_check_charges_vllm_sd_its_measured_full_vocabulary_work_at_
     and misses them without it; T=0 rows are never charged; a profile of another machine kind
     is not used."""
     from benchmarks.lib.projection import linear_costs, vocab_rows
-    from benchmarks.rules_speed import cpu_model_check, sd_own_work
+    from benchmarks.speed import cpu_model_check, sd_own_work
 
     tpp = {"vllm_sd_greedy g4 T0": 3.9, "vllm_sd_greedy g8 T0": 5.8, "fly g4 T0": 4.2,
            "fly g8 T0": 6.9, "mtad w1 g4 T0": 4.4, "mtad w4 g4 T0": 4.7, "mtad w1 g8 T0": 6.6,
@@ -804,7 +822,7 @@ def test_rules_speed_check_charges_vllm_sd_its_measured_full_vocabulary_work_at_
 def test_gpu_projection_prices_beams_free_until_the_bound():
     """At batch 1 every rule pays SD's costs at the same γ (beam rows free), so the speedup over
     SD is the ratio of tokens per pass; at batch 16, W=8 passes 64 rows and pays for them."""
-    from benchmarks.rules_speed import gpu_projection
+    from benchmarks.speed import gpu_projection
 
     acceptance = {"rows": {f"{c} | {s}": {"pooled": v} for c, vals in {
         "vllm_sd_greedy g8 T0": (6.0, 4.0), "fly g8 T0": (7.0, 4.0),
@@ -821,12 +839,12 @@ def test_gpu_projection_prices_beams_free_until_the_bound():
 
 @pytest.mark.system
 def test_rules_speed_on_tiny_pair(tmp_path):
-    """benchmarks.rules_speed end to end: every configuration timed on equal samplers (no
+    """benchmarks.speed rules end to end: every configuration timed on equal samplers (no
     sampling call fell back to vLLM's sort), decoding timed apart from the prefill, ratios
     against vLLM SD, the CPU model's check and the GPU projection from an acceptance report."""
     out = tmp_path / "out"
     acceptance = ROOT / "benchmarks/reports/acceptance-cpu/acceptance.json"
-    run_module(["benchmarks.rules_speed", "--tiny", "--batches", "2", "--tokens", "4",
+    run_module(["benchmarks.speed", "rules", "--tiny", "--batches", "2", "--tokens", "4",
                 "--repeats", "1", "--gammas", "2,3", "--widths", "1,2", "--min-prompts", "4",
                 "--acceptance", str(acceptance), "--out", str(out)], tmp_path)
     data = json.loads((out / "rules_speed.json").read_text())
@@ -853,7 +871,7 @@ def test_rules_speed_on_tiny_pair(tmp_path):
                          "code_version": "0123"}
     del elsewhere["dtype"]
     (out / "runs.json").write_text(json.dumps(elsewhere))
-    run_module(["benchmarks.rules_speed", "--report-only", "--gammas", "2,3", "--widths", "1,2",
+    run_module(["benchmarks.speed", "rules", "--report-only", "--gammas", "2,3", "--widths", "1,2",
                 "--acceptance", str(acceptance), "--out", str(out)], tmp_path)
     again = json.loads((out / "rules_speed.json").read_text())
     assert again["environment"]["cpu_model"] == "marker" and again["code_version"] == "0123"
@@ -872,7 +890,7 @@ def test_rules_speed_times_decoding_from_each_batchs_prefill_step():
     token; a batch whose first tokens came from two steps (a split prefill) is refused."""
     from types import SimpleNamespace
 
-    from benchmarks.rules_speed import decoding_seconds
+    from benchmarks.speed import decoding_seconds
 
     def out(first, last):
         return SimpleNamespace(metrics=SimpleNamespace(first_token_ts=first, last_token_ts=last))
@@ -960,3 +978,27 @@ def test_the_study_compares_the_default_with_the_best_other_configuration_per_ce
     assert rows[("T=0 joint", "chat")]["best"] == "vllm_sd"
     assert rows[("T=0 exact", "chat")]["best"] == "mtad_w4g8 exact"
     assert study_rows([x for x in runs if "_w4g8" not in x["config"]]) == []
+
+
+@pytest.mark.unit
+def test_store_resumes_from_compressed_and_plain_records(tmp_path):
+    """The record store (benchmarks/lib/store.py) reads a committed report's compressed records
+    first, then the plain file a resumed run appends to; the last record of a key wins."""
+    import gzip
+
+    from benchmarks.lib.store import Store
+
+    rows = [{"config": "a", "task_id": "t0", "sample": 0, "v": 1},
+            {"config": "a", "task_id": "t1", "sample": 0, "v": 2}]
+    path = tmp_path / "records.jsonl"
+    path.with_name("records.jsonl.gz").write_bytes(
+        gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    store = Store(path)
+    assert ("a", "t0", 0) in store and ("a", "t2", 0) not in store
+    store.append([{"config": "a", "task_id": "t2", "sample": 0, "v": 3},
+                  {"config": "a", "task_id": "t0", "sample": 0, "v": 4}])
+    again = Store(path)
+    assert [r["v"] for r in again.records] == [1, 2, 3, 4]
+    assert again.rows[("a", "t0", 0)]["v"] == 4 and len(again.rows) == 3
+    by_set = Store(path, key=lambda r: (r["config"],))
+    assert list(by_set.rows) == [("a",)]

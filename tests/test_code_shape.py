@@ -64,7 +64,7 @@ def _imports(path: Path) -> set[str]:
 def test_arrows_point_down():
     """The memory planner and the request state know nothing of the drafter or the sampler;
     the policy's pricing modules import neither vLLM nor torch."""
-    for low in ("draft_scratch.py", "request_state.py", "beam_kv.py"):
+    for low in ("draft_scratch.py", "request_state.py", "beam_kv.py", "draft_kv.py"):
         assert not {"vllm_mtad.proposer", "vllm_mtad.sampler"} & _imports(PACKAGE / low), low
     for pure in ("cost.py", "stats.py", "batch.py", "choice.py"):
         found = _imports(PACKAGE / "policy" / pure)

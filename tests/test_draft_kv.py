@@ -1,4 +1,4 @@
-"""Which requests' draft KV lags after steps without drafting (vllm_mtad.policy.draft_kv)."""
+"""Which requests' draft KV lags after steps without drafting (vllm_mtad.draft_kv)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def test_draft_kv_tracker_gaps_after_skipped_steps():
     pass wrote the token at the next start), the tokens of the skipped steps after more; a
     request first seen (or seen going backwards: resumed after preemption) with tokens already
     computed once any step skipped is caught up from 0; finished requests are forgotten."""
-    from vllm_mtad.policy.draft_kv import DraftKVTracker
+    from vllm_mtad.draft_kv import DraftKVTracker
 
     kv = DraftKVTracker()
 
@@ -48,7 +48,7 @@ def test_draft_kv_tracker_catches_a_hit_up_from_the_hole_its_blocks_hold():
     ``max_holes`` the tracker falls back to reading every hit from 0."""
     import numpy as np
 
-    from vllm_mtad.policy.draft_kv import DraftKVTracker
+    from vllm_mtad.draft_kv import DraftKVTracker
 
     bs = 4
     a = np.arange(100, 140)  # request "a"'s tokens

@@ -1,5 +1,5 @@
 """FLy's rule as a comparison baseline inside the MTAD engine (vllm_mtad.sampler
-use_comparison_rule), on the tiny pair: the same drafts (the draft's argmax chain), only the
+use_baseline_rule), on the tiny pair: the same drafts (the draft's argmax chain), only the
 rule differs."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_fly_in_the_engine_reduces_to_exact_and_to_accept_all(tiny_pair_dirs):
     from vllm import SamplingParams
 
     from vllm_mtad.policy.controller import force_plans
-    from vllm_mtad.sampler import FlyRule, use_comparison_rule
+    from vllm_mtad.sampler import FlyRule, use_baseline_rule
 
     target_dir, draft_dir = tiny_pair_dirs
     llm = make_llm(target_dir, mtad_spec(draft_dir, gamma=4, width=4), enforce_eager=True,
@@ -47,12 +47,12 @@ def test_fly_in_the_engine_reduces_to_exact_and_to_accept_all(tiny_pair_dirs):
         llm.collective_rpc(force_plans([(1, 4)]))
         exact, drafted, accepted = run()
         assert 0 < accepted < drafted
-        llm.collective_rpc(use_comparison_rule(FlyRule(entropy_threshold=math.inf)))
+        llm.collective_rpc(use_baseline_rule(FlyRule(entropy_threshold=math.inf)))
         assert run() == (exact, drafted, accepted)
-        llm.collective_rpc(use_comparison_rule(FlyRule(window=0, entropy_threshold=0.0)))
+        llm.collective_rpc(use_baseline_rule(FlyRule(window=0, entropy_threshold=0.0)))
         loose, drafted, accepted = run()
         assert accepted == drafted > 0 and loose != exact
-        llm.collective_rpc(use_comparison_rule(None))
+        llm.collective_rpc(use_baseline_rule(None))
         assert run()[0] == exact
     finally:
         close(llm)
@@ -70,14 +70,14 @@ def test_sampled_fly_in_the_engine(tiny_pair_dirs):
     from vllm import SamplingParams
 
     from vllm_mtad.policy.controller import force_plans
-    from vllm_mtad.sampler import FlyRule, use_comparison_rule
+    from vllm_mtad.sampler import FlyRule, use_baseline_rule
 
     target_dir, draft_dir = tiny_pair_dirs
     llm = make_llm(target_dir, mtad_spec(draft_dir, gamma=4, width=4), enforce_eager=True,
                    disable_log_stats=False, max_num_seqs=2)
 
     def run(rule, **sampling):
-        llm.collective_rpc(use_comparison_rule(rule))
+        llm.collective_rpc(use_baseline_rule(rule))
         return counted(llm, [SamplingParams(max_tokens=n, temperature=1.0, ignore_eos=True,
                                             seed=5 + i, **sampling)
                              for i, n in enumerate((40, 12, 28, 20))])
@@ -100,5 +100,5 @@ def test_sampled_fly_in_the_engine(tiny_pair_dirs):
         with pytest.raises(Exception, match="FLy comparison rule verifies one-beam drafts"):
             run(FlyRule())
     finally:
-        llm.collective_rpc(use_comparison_rule(None))
+        llm.collective_rpc(use_baseline_rule(None))
         close(llm)

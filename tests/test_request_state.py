@@ -52,7 +52,7 @@ def test_request_seed_is_stable_and_uses_the_seed():
 
 
 def test_draft_distributions_keep_each_requests_latest_round():
-    """The draft's q̃ per position, kept per request for a comparison rule: read at any
+    """The draft's q̃ per position, kept per request for a baseline rule: read at any
     position (past the draft: its last), sparse rounds of different K padded with probability
     0, a dense round making every row dense, and a clear error for a request never kept."""
     import pytest

@@ -161,8 +161,8 @@ class MTADProposer(DraftModelProposer):
 
     def _round(self, step: _Step, plan: Plan, attn: CommonAttentionMetadata,
                bonus_pos: torch.Tensor, vocab_size: int) -> _Round:
-        """The draft round's per-row inputs. Beams per row: one for exact rows (row_beams) and
-        for the rows past those whose beam tails fit in the draft-only blocks."""
+        """The draft round's per-row inputs. Beams per row: the plan's by class (row_beams),
+        one for the rows past those whose beam tails fit in the draft-only blocks."""
         B, dev = attn.batch_size(), self._first_hidden.device
         gamma, W = plan.num_tokens, plan.beam_width
         temp, top_k, top_p = row_sampling_params(step.kwargs["sampling_metadata"], B, dev)
@@ -181,7 +181,7 @@ class MTADProposer(DraftModelProposer):
             steps=(self.max_model_len - (bonus_pos + 1) - 1).clamp(0, gamma),
             widths=torch.tensor(widths, dtype=torch.int64).to(dev),
             sizing=self.state.candidate_sizing(B, vocab_size, W)[1],
-            one_beam=all(c == "exact" for c in step.rows.classes),
+            argmax_chain=_argmax_chain_only(step.rows.classes, W),
             first_pass_size=(max(int(attn.num_actual_tokens) - prefill, 0), prefill))
 
     def _draft(self, draft: _Round, logits: torch.Tensor):
@@ -191,11 +191,11 @@ class MTADProposer(DraftModelProposer):
         candidates (rare: the slack grows with k); the round is then redone with every token
         (the beams' KV is rewritten by the redo before anything reads it)."""
         self._kept_steps = None
-        if draft.one_beam:
-            # Every row drafts the argmax chain (exact acceptance reads no draft probability):
-            # no beams, no log-probabilities, no beam layout; vLLM's own draft loop's work.
+        if draft.argmax_chain:
+            # No row reads a draft probability (the plan's W is 1: row_beams): no
+            # log-probabilities, no beam layout; vLLM's own draft loop's work.
             self.stats["chain_rounds"] += 1
-            return *self._argmax_chain(replace(draft, W=1), logits), False
+            return *self._argmax_chain(draft, logits), False
         tokens, logprobs, overflow = self._draft_round(draft, logits, draft.sizing)
         if draft.sizing.num_candidates is None:
             self.stats["dense_rounds"] += 1
@@ -213,8 +213,7 @@ class MTADProposer(DraftModelProposer):
         if redone:
             watch.discard()
         elif draft.gamma > 1:
-            watch.lap(costs.beam_step, draft.B * (1 if draft.one_beam else draft.W),
-                      count=draft.gamma - 1)
+            watch.lap(costs.beam_step, draft.B * draft.W, count=draft.gamma - 1)
         else:
             watch.lap(costs.first_pass, draft.first_pass_size)
 
@@ -226,7 +225,7 @@ class MTADProposer(DraftModelProposer):
             self.state.widths[req_id] = w
         self._last_logprobs = logprobs[:, :, None].contiguous()
         self.state.drafts.put(step.req_ids, tokens, logprobs)
-        if self._kept_steps:  # a comparison rule reads the draft's distributions
+        if self._kept_steps:  # a baseline rule reads the draft's distributions
             self.state.distributions.put(step.req_ids, self._kept_steps)
         self.stats["beam_steps"] += draft.gamma - 1
         self.stats["rounds"] += 1
@@ -295,7 +294,7 @@ class MTADProposer(DraftModelProposer):
         whose candidates overflowed."""
         B, W, V = draft.B, draft.W, draft.V
         layout, row_width = self._beam_layout(draft)
-        # One beam a row, for a comparison rule (use_comparison_rule): q̃ at every position.
+        # One beam a row, for a baseline rule (use_baseline_rule): q̃ at every position.
         self._kept_steps = keep = [] if self.state.distributions is not None and W == 1 \
             else None
         # Step 1: W distinct tokens from the first-pass distribution.
@@ -479,7 +478,7 @@ class _Round:
     row_widths: list[int]  # the same, on the host
     room: int  # rows whose beam tails fit in the draft-only blocks this round
     sizing: CandidateSizing  # how many candidates each row's distribution keeps
-    one_beam: bool  # every row is exact: the round drafts the argmax chain
+    argmax_chain: bool  # every row is exact: the round drafts the argmax chain
     first_pass_size: tuple[int, int]  # (decode, prefill) tokens the first pass read
     _qsl: tuple | None = None
 
@@ -489,6 +488,14 @@ class _Round:
             cpu = torch.arange(num_rows + 1, dtype=torch.int32)
             self._qsl = (cpu, cpu.to(self.device, non_blocking=True))
         return self._qsl
+
+
+def _argmax_chain_only(classes: list[str], width: int) -> bool:
+    """Whether every row is "exact": no row reads a draft probability, so the round drafts the
+    argmax chain (the plan has one beam then: policy.row_beams, batch_beams)."""
+    chain = all(c == "exact" for c in classes)
+    assert not chain or width == 1, f"an all-exact step planned {width} beams (batch_beams: 1)"
+    return chain
 
 
 def _step_candidates(cands: Candidates, B: int, W: int, V: int):

@@ -10,13 +10,13 @@ neither holds the runner nor the other. It holds:
 - each request's MTAD settings — τ, greedy mode ("joint"/"exact") and noise seed — resolved
   once, with the front end's rule (:func:`vllm_mtad.config.request_settings`);
 - each request's latest draft (tokens and draft log-probs, :class:`DraftStore`), and, only
-  while a comparison rule asks for it, the draft's distribution at each of its positions
+  while a baseline rule asks for it, the draft's distribution at each of its positions
   (:class:`DraftDistributions`);
 - the batch's candidate sizing (:meth:`MTADRequestState.candidate_sizing`: greedy rows and how
   the draft's and the target's distributions are processed);
 - the speculation policy's per-request bookkeeping: the beams of each request's latest draft
   (its acceptance statistics are counted by that width), where its draft KV stops
-  (:class:`vllm_mtad.policy.draft_kv.DraftKVTracker`), and what pricing a step reads of the
+  (:class:`vllm_mtad.draft_kv.DraftKVTracker`), and what pricing a step reads of the
   rows (:meth:`MTADRequestState.demand`). The policy's engine-wide state — cost lines,
   acceptance counts, chosen plans — is the
   :class:`vllm_mtad.policy.controller.SpeculationController`'s.
@@ -35,7 +35,7 @@ import torch
 from vllm_mtad.config import MTADConfig, request_settings
 from vllm_mtad.core.processing import Candidates, CandidateSizing, is_greedy, size_candidates
 from vllm_mtad.policy.batch import RowDemand
-from vllm_mtad.policy.draft_kv import DraftKVTracker
+from vllm_mtad.draft_kv import DraftKVTracker
 
 
 def request_seed(sampling_params, req_id: str) -> int:
@@ -117,7 +117,7 @@ class DraftStore:
 class DraftDistributions:
     """The draft's processed distribution q̃ at each position of each request's latest
     one-beam draft, for a rule that reads more of the draft than its tokens' log-probs (FLy's
-    residual at T > 0, a benchmark's comparison baseline: vllm_mtad.sampler.FlyRule). Kept
+    residual at T > 0, a benchmark's baseline: vllm_mtad.sampler.FlyRule). Kept
     only while such a rule is on: MTAD's own rule never reads it."""
 
     def __init__(self):
@@ -146,7 +146,7 @@ class DraftDistributions:
         missing = [r for r, w in zip(req_ids, want) if w and r not in self._rows]
         if missing:
             raise RuntimeError(f"no draft distribution kept for requests {missing[:4]}: the "
-                               "comparison rule needs one-beam drafts made while it was on")
+                               "baseline rule needs one-beam drafts made while it was on")
         kept = [self._rows.get(r) for r in req_ids]
         kept += [None] * (index.shape[0] - len(kept))  # vLLM's dummy rows past the requests
         rows = []
@@ -191,7 +191,7 @@ class MTADRequestState:
         self.settings: dict[str, RequestSettings] = {}
         self.drafts = DraftStore()
         # The draft's distributions of each request's latest draft; None: not kept (only a
-        # comparison rule asks for them: vllm_mtad.sampler.use_comparison_rule).
+        # baseline rule asks for them: vllm_mtad.sampler.use_baseline_rule).
         self.distributions: DraftDistributions | None = None
         self.widths: dict[str, int] = {}  # req_id -> beams of its latest draft
         self.kv = DraftKVTracker()

@@ -55,9 +55,9 @@ class MTADRejectionSampler(RejectionSampler):
         # The bonus token's sampler: vLLM's, with top-k/top-p by k-selection where vLLM's own
         # would sort the vocabulary (see bonus_sampler).
         self.bonus_sampler = bonus_sampler(sampler, state)
-        # A benchmark's baseline on the same drafts (use_comparison_rule): FLy's rule instead
+        # A benchmark's baseline on the same drafts (use_baseline_rule): FLy's rule instead
         # of MTAD's; None, MTAD's. Not a setting of the plugin.
-        self.comparison_rule: FlyRule | None = None
+        self.baseline_rule: FlyRule | None = None
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
         assert metadata.max_spec_len <= vllm_rs.MAX_SPEC_LEN
@@ -94,7 +94,7 @@ class MTADRejectionSampler(RejectionSampler):
         # Greedy rows read their draft tokens' target log-probs only under joint acceptance
         # ("exact" compares argmaxes); rows without a request (vLLM's warm-up) count as joint.
         joint = ("joint" in rows.classes or len(req_ids) < len(metadata.num_draft_tokens)
-                 or self.comparison_rule is not None)  # (FLy reads them too)
+                 or self.baseline_rule is not None)  # (FLy reads them too)
         target = _FlatTarget(metadata, target_logits, sampling_metadata, self.state,
                              need_processed, greedy_logprobs=joint)
         output_token_ids = self._accept(metadata, target, bonus_token_ids, draft_probs,
@@ -132,7 +132,7 @@ class MTADRejectionSampler(RejectionSampler):
         to = lambda x, dtype: torch.tensor(x, dtype=dtype).to(dev, non_blocking=True)  # noqa: E731
         keys = NoiseKeys(greedy, to(seeds, torch.int64), positions.to(dev, non_blocking=True),
                          any_sampled=not sampling_metadata.all_greedy)
-        if self.comparison_rule is not None:
+        if self.baseline_rule is not None:
             result = self._fly(drafts, draft_lp, target, bonus_token_ids[:, 0], keys, req_ids)
         else:
             result = mtad_accept(drafts, draft_lp, target, to(tau, torch.float32),
@@ -145,12 +145,12 @@ class MTADRejectionSampler(RejectionSampler):
         return result.output_token_ids
 
     def _fly(self, drafts, draft_lp, target: "_FlatTarget", bonus_token_ids, keys, req_ids):
-        """FLy's rule on this step's drafts (the comparison baseline): greedy rows with
+        """FLy's rule on this step's drafts (the baseline): greedy rows with
         target-only acceptance, sampled rows with the p/q test and the residual at a rejection
         (their drafts must be one-beam samples, whose distributions the drafter kept). Its
         entropy gate reads the target's processed distribution at each draft position (greedy
         rows: the logits as vLLM's greedy sampling reads them, in an all-greedy batch)."""
-        rule = self.comparison_rule
+        rule = self.baseline_rule
         if keys.sampled_any_host_sync():
             wide = [r for r, g in zip(req_ids, keys.greedy.tolist())
                     if not g and self.state.widths.get(r, 1) != 1]
@@ -243,11 +243,11 @@ class _FlatTarget:
         self.cands = None  # Candidates over the N rows, when sparse
         self.processed_logits = None  # [N, V], when dense
         if not sampling_metadata.all_greedy:
-            _, plan = state.candidate_sizing(B, self.V, 1)
-            if plan.num_candidates is not None and not need_processed_logits:
+            _, sizing = state.candidate_sizing(B, self.V, 1)
+            if sizing.num_candidates is not None and not need_processed_logits:
                 self.cands = sparse_candidates_unless_overflow_host_sync(
                     target_logits, per_token(temp), per_token(sampling_metadata.top_k),
-                    per_token(sampling_metadata.top_p), replace(plan, any_greedy=False))
+                    per_token(sampling_metadata.top_p), replace(sizing, any_greedy=False))
             if self.cands is not None:
                 hit = self.cands.token_ids == tok[:, None]  # [N, K]
                 processed = torch.where(hit, self.cands.logprobs,
@@ -325,8 +325,8 @@ class SelectingTopKTopP(torch.nn.Module):
         if k is None or p is None or self.state.input_batch is None \
                 or len(self.state.req_ids(R)) < R:  # top-k only: vLLM's sorts nothing
             return None
-        greedy, plan = self.state.candidate_sizing(R, V, 1)
-        return mask_top_k_top_p(logits, k, p, plan,
+        greedy, sizing = self.state.candidate_sizing(R, V, 1)
+        return mask_top_k_top_p(logits, k, p, sizing,
                                 torch.tensor(greedy, dtype=torch.bool).to(logits.device))
 
 
@@ -351,12 +351,12 @@ def bonus_sampler(sampler, state: MTADRequestState):
     return bonus
 
 
-def sparse_candidates_unless_overflow_host_sync(logits, temperature, top_k, top_p, plan):
+def sparse_candidates_unless_overflow_host_sync(logits, temperature, top_k, top_p, sizing):
     """The processed distribution of the target rows as candidates (one k-selection per row),
     or None when some row's ties at its k-th value reach past the K candidates (rare: the
     slack grows with k); the caller then takes vLLM's dense path. Reading that flag is a host
     sync: one per verify step, on batches where every sampled request uses top-k."""
-    cands = draft_candidates(logits, temperature, top_k, top_p, plan)
+    cands = draft_candidates(logits, temperature, top_k, top_p, sizing)
     return None if bool(cands.overflow.any()) else cands
 
 
@@ -377,8 +377,8 @@ class FlyRule:
     entropy_threshold: float = DEFAULT_ENTROPY_THRESHOLD
 
 
-def use_comparison_rule(rule: FlyRule | None):
-    """For ``LLM.collective_rpc(use_comparison_rule(FlyRule()))``: an MTAD engine verifies its
+def use_baseline_rule(rule: FlyRule | None):
+    """For ``LLM.collective_rpc(use_baseline_rule(FlyRule()))``: an MTAD engine verifies its
     drafts by FLy's rule (arXiv 2511.22972) instead of MTAD's, from its next step (None: MTAD's
     again). A benchmark's baseline on the same drafts and costs as MTAD W=1's: force one beam
     (vllm_mtad.policy.controller.force_plans); greedy requests ask for "exact" (the draft's
@@ -387,7 +387,7 @@ def use_comparison_rule(rule: FlyRule | None):
     def apply(worker):
         sampler = getattr(getattr(worker, "model_runner", None), "rejection_sampler", None)
         if isinstance(sampler, MTADRejectionSampler):
-            sampler.comparison_rule = rule
+            sampler.baseline_rule = rule
             # FLy's residual reads the draft's distributions: the drafter keeps them meanwhile.
             sampler.state.distributions = None if rule is None else DraftDistributions()
     return apply

@@ -1,5 +1,7 @@
-"""What the benchmark programs share: prompts (prompts.py), engine configurations and the
-equal-sampler switch (engines.py), the runner that warms up, interleaves and repeats
-(runner.py), records, tables and plots (report.py), statistics (stats.py), HumanEval's
-harness (humaneval.py), device timing (graphs.py), model shapes and a plain PyTorch decoder
-(shapes.py, decoder.py) and the step-cost model of the projections (projection.py). No program imports another; every program imports from here."""
+"""What the benchmark programs share: prompts (prompts.py), the one registry of configurations
+and engines with the equal-sampler switch (engines.py), the runner that warms up, interleaves
+and repeats (runner.py), the resumable record store (store.py), records, tables and plots
+(report.py), statistics (stats.py), HumanEval's harness (humaneval.py), device timing
+(graphs.py), model shapes and a plain PyTorch decoder (shapes.py, decoder.py) and the step-cost
+model of the projections (projection.py). No program imports another; every program imports
+from here and the package (tests/test_benchmarks_shape.py holds it)."""

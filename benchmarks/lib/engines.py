@@ -1,5 +1,12 @@
-"""The configurations the speed benchmarks compare, the engines they run on, and the
-equal-sampler switch.
+"""The one registry of what the benchmarks compare: configurations, the engines they run on, and
+the equal-sampler switch. Two ways to name a configuration, one per kind of question:
+
+- *named* (``CONFIGS``, benchmarks.speed's verdict and study): a name per configuration, engines
+  built by :class:`EngineSet`, set up by :func:`prepare`;
+- *the rules' grid* (:func:`configurations`: benchmarks.acceptance, benchmarks.quality's
+  ``rules`` and benchmarks.speed's ``rules``): per temperature and γ, vLLM SD, MTAD "exact",
+  FLy (a baseline: the lossy peer, vllm_mtad.sampler.use_baseline_rule) and MTAD W=...,
+  each a dict, engines built by :func:`build`, set up by :func:`prepare_rule`.
 
 An *engine* is one vLLM ``LLM`` (in this process); a *configuration* is what a timed run asks of
 one: the target alone, vLLM's own speculative decoding (``draft_model``, standard rejection
@@ -22,6 +29,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from benchmarks.lib.prompts import PAPER
 from devtools.engine import build_llm, draft_model_spec, mtad_spec
 
 SHIPPED = " as shipped"  # the suffix of a configuration run with vLLM's own sampler
@@ -154,3 +162,80 @@ def select_everywhere() -> None:
     """The equal-sampler switch, on, for this process's engines (read at every sampling call)
     and for worker processes it starts from now on (they inherit the environment)."""
     os.environ["VLLM_MTAD_CPU_TOPK_SELECT"] = "1"
+
+
+# The rules' grid: configurations as dicts (name, engine, t, g, w, mode, rule, adaptive).
+
+
+def configurations(temperatures, gammas, widths, adaptive: bool = False) -> list[dict]:
+    """Every configuration of the rules' grid: name, engine, temperature, γ, W, request mode,
+    rule. FLy is the configuration with ``rule="fly"``: the same drafts as MTAD W=1, FLy's
+    acceptance."""
+    out = []
+    for t in temperatures:
+        for g in gammas:
+            sd = "vllm_sd_greedy" if t == 0 else "vllm_sd"
+            out.append(dict(name=f"{sd} g{g} T{t:g}", engine=f"{sd}:{g}", t=t, g=g, w=1))
+            if t == 0:
+                out.append(dict(name=f"mtad_exact w1 g{g} T0", engine="mtad", t=t, g=g, w=1,
+                                mode="exact"))
+            out.append(dict(name=f"fly g{g} T{t:g}", engine="mtad", t=t, g=g, w=1,
+                            mode="exact", rule="fly"))  # (the mode is read at T = 0 only)
+            out += [dict(name=f"mtad w{w} g{g} T{t:g}", engine="mtad", t=t, g=g, w=w,
+                         mode="joint") for w in widths]
+    if adaptive:  # bounds: the largest W and γ of the grid
+        out += [dict(name=f"mtad_adaptive w{max(widths)} g{max(gammas)} T{t:g}",
+                     engine="mtad_adaptive", t=t, g=max(gammas), w=max(widths), mode="joint",
+                     adaptive=True) for t in temperatures]
+    return out
+
+
+def engine_dtype(args, tiny: bool) -> str:
+    """The dtype :func:`build` gives an engine: float32 for the tiny pair, else ``--dtype``."""
+    return "float32" if tiny else args.dtype
+
+
+def build(engine: str, args, target: str, draft: str, tiny: bool, log_stats: bool = False):
+    """One engine of the rules' grid (``log_stats``: vLLM keeps each request's timestamps)."""
+    common = dict(dtype=engine_dtype(args, tiny), max_model_len=2048,
+                  max_num_seqs=args.batch, max_num_batched_tokens=4096, block_size=32,
+                  kv_cache_bytes=(256 << 20) if tiny else getattr(args, "kv_bytes", 1 << 30),
+                  enable_prefix_caching=False, per_request_spec_decode_metrics="summary",
+                  disable_log_stats=not log_stats)
+    if engine == "target":  # the target alone (the rules' quality baseline)
+        common.pop("per_request_spec_decode_metrics")
+        return build_llm(target, None, **common)
+    if engine in ("mtad", "mtad_adaptive"):
+        policy = "adaptive" if engine == "mtad_adaptive" else "fixed"
+        spec = mtad_spec(draft, gamma=max(args.gammas), width=max(args.widths),
+                         beam_kv_fraction=0.5, speculation_policy=policy)
+        return build_llm(target, spec, **common)
+    kind, gamma = engine.split(":")
+    extra = {"draft_sample_method": "greedy"} if kind == "vllm_sd_greedy" else {}
+    return build_llm(target, draft_model_spec(draft, int(gamma), **extra), **common)
+
+
+def prepare_rule(llm, config: dict) -> None:
+    """Set the MTAD engine up for a grid ``config``: every step's (W, γ) (or the policy's) and
+    the rule (FLy's, the baseline, or MTAD's)."""
+    if config["engine"] in ("mtad", "mtad_adaptive"):
+        from vllm_mtad.policy.controller import force_plans
+        from vllm_mtad.sampler import FlyRule, use_baseline_rule
+
+        llm.collective_rpc(force_plans(None if config.get("adaptive")
+                                       else [(config["w"], config["g"])]))
+        llm.collective_rpc(use_baseline_rule(FlyRule() if config.get("rule") else None))
+
+
+def sampling_params(config: dict, n: int, max_tokens: int, stop=None, ignore_eos=False,
+                    seed: int = 1000) -> list:
+    """One request's parameters per prompt (seed ``seed`` + prompt) for a grid ``config``: the
+    paper's top-k 10, top-p 0.9 at T > 0, greedy at T = 0 with the configuration's greedy
+    rule."""
+    from vllm import SamplingParams
+
+    sampling = PAPER if config["t"] > 0 else {"temperature": 0.0}
+    extra = {"greedy_acceptance": config["mode"]} if config["t"] == 0 and "mode" in config \
+        else None
+    return [SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, seed=seed + i,
+                           stop=stop, extra_args=extra, **sampling) for i in range(n)]

@@ -36,3 +36,13 @@ def chat_prompts(n: int) -> list[str]:
                 if conv and isinstance(conv[0], str) and len(conv[0]) > 15:
                     lines.append(conv[0])
     return lines[:n]
+
+
+def prompt_sets(spec: str) -> dict[str, list[str]]:
+    """"humaneval:16,chat:16" -> {"humaneval": [...16], "chat": [...16]}."""
+    sources = {"humaneval": humaneval_prompts, "chat": chat_prompts}
+    out = {}
+    for part in spec.split(","):
+        name, n = part.split(":")
+        out[name] = sources[name](int(n))
+    return out

@@ -141,3 +141,39 @@ def run_view(views: dict, argv, usage: str) -> None:
     if not argv or argv[0] not in views:
         raise SystemExit(f"{usage}\nerror: name a view: {' or '.join(views)}")
     views[argv[0]](argv[1:])
+
+
+def run_config(llm, config: dict, prompts: list[str], max_tokens: int, stop=None
+               ) -> list[dict]:
+    """One run of a rules' grid ``config`` (benchmarks.lib.engines.configurations): one record
+    per prompt, its verify steps, accepted tokens and their histogram, and the output (token
+    ids, text, why it ended). ``stop``: stop strings (None: none)."""
+    from benchmarks.lib.engines import prepare_rule, sampling_params
+
+    prepare_rule(llm, config)
+    params = sampling_params(config, len(prompts), max_tokens, stop)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    records = []
+    for i, out in enumerate(outs):
+        metrics = out.outputs[0].spec_decode_metrics  # None: the target alone
+        hist = list(metrics.histogram) if metrics is not None else []
+        steps, accepted = per_request_acceptance([out])
+        records.append(dict(prompt=i, tokens=len(out.outputs[0].token_ids), steps=steps,
+                            accepted=accepted, histogram=hist,
+                            token_ids=list(out.outputs[0].token_ids), text=out.outputs[0].text,
+                            finish_reason=out.outputs[0].finish_reason))
+    return records
+
+
+def drafter_counters(llm) -> dict:
+    """The MTAD engine's drafter counters (vllm_mtad.proposer.drafter_stats)."""
+    from vllm_mtad.proposer import drafter_stats
+
+    return llm.collective_rpc(drafter_stats)[0]
+
+
+def chosen_since(before: dict, after: dict) -> dict:
+    """The policy's chosen arms ("W{w}_g{g}" -> steps) between two drafter_stats()."""
+    old = before.get("policy_chosen", {})
+    return {k: n - old.get(k, 0) for k, n in after.get("policy_chosen", {}).items()
+            if n > old.get(k, 0)}

@@ -98,3 +98,10 @@ def ratio_interval(a: Sequence[float], b: Sequence[float], reps: int = 2000, see
     ratios.sort()
     tail = (1.0 - level) / 2
     return (sum(a) / sum(b), _percentile(ratios, tail), _percentile(ratios, 1.0 - tail))
+
+
+def tokens_per_pass(records: list[dict]) -> float:
+    """Tokens per target pass pooled over records with "steps" (verify steps with a draft) and
+    "accepted" (draft tokens accepted): (accepted + steps) / steps, the bonus token counted."""
+    steps = sum(r["steps"] for r in records)
+    return (sum(r["accepted"] for r in records) + steps) / max(steps, 1)

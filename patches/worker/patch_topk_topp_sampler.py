@@ -64,8 +64,8 @@ def _select(logits, k, p):
     from vllm_mtad.core import mask_top_k_top_p, size_candidates
 
     R, V = logits.shape
-    plan = size_candidates(V, 1, [False] * R, k.tolist(), p.tolist())  # CPU tensors: no sync
-    return mask_top_k_top_p(logits, k, p, plan)
+    sizing = size_candidates(V, 1, [False] * R, k.tolist(), p.tolist())  # CPU tensors: no sync
+    return mask_top_k_top_p(logits, k, p, sizing)
 
 
 def apply() -> None:

@@ -6,7 +6,6 @@
 - :mod:`~vllm_mtad.policy.choice`: the choice (expected goodput, exploration);
 - :mod:`~vllm_mtad.policy.clock`, :mod:`~vllm_mtad.policy.histogram`: the measurements;
 - :mod:`~vllm_mtad.policy.controller`: the engine's side (one per MTAD runner);
-- :mod:`~vllm_mtad.policy.draft_kv`: which requests' draft KV lags after steps without drafts.
 
 cost, stats, batch and choice import neither vLLM nor torch. The evidence behind each rule is
 in docs/policy-decisions.md.
