@@ -96,7 +96,7 @@ def measure(batch: int, device, repeats: int) -> list[dict]:
     temp = torch.ones(R, device=device)
     top_k = torch.full((R,), 10, device=device)
     top_p = torch.full((R,), 0.9, device=device)
-    plan = size_candidates(V, W, [False] * R, [10] * R, [0.9] * R)
+    sizing = size_candidates(V, W, [False] * R, [10] * R, [0.9] * R)
     greedy = torch.zeros(batch, dtype=torch.bool, device=device)
     seeds = torch.arange(batch, device=device)
     pos = torch.arange(batch, device=device) + 100
@@ -104,7 +104,7 @@ def measure(batch: int, device, repeats: int) -> list[dict]:
     noise_keys = NoiseKeys(greedy, seeds, pos)  # any_sampled read from greedy (a sync)
     noise_keys_host = NoiseKeys(greedy, seeds, pos, any_sampled=True)
 
-    cands = draft_candidates(logits, temp, top_k, top_p, plan)
+    cands = draft_candidates(logits, temp, top_k, top_p, sizing)
     dense_lp = processed_logprobs(logits, temp, top_k, top_p)
     first = beam_step(StepCandidates(cands.logprobs[:batch, None], cands.token_ids[:batch, None],
                                      V), None, W, noise_keys_host, 1)
@@ -112,7 +112,7 @@ def measure(batch: int, device, repeats: int) -> list[dict]:
         "processing: definition (full sort)":
             lambda: processed_logprobs(logits, temp, top_k, top_p),
         "processing: k-selection (draft_candidates)":
-            lambda: draft_candidates(logits, temp, top_k, top_p, plan),
+            lambda: draft_candidates(logits, temp, top_k, top_p, sizing),
         "noise for all W·V candidates, eager":
             lambda: noise._gumbel_dense_eager(keys, W * V),
         "noise for all W·V candidates, compiled":
@@ -278,15 +278,15 @@ def core_pieces(x: dict, width: int, gamma: int, vocab: int) -> dict:
 
     W, G, V = width, gamma, vocab
     B = x["seeds"].shape[0]
-    plan = size_candidates(V, W, [False] * (B * W), [10] * (B * W), [0.9] * (B * W))
-    K = plan.num_candidates
+    sizing = size_candidates(V, W, [False] * (B * W), [10] * (B * W), [0.9] * (B * W))
+    K = sizing.num_candidates
     settings = (x["temperature"], x["top_k"], x["top_p"])
 
     def keys():  # any_sampled known on the host: no device read
         return NoiseKeys(x["greedy"], x["seeds"], x["positions"], any_sampled=True)
 
     def candidates():
-        return draft_candidates(x["logits"], *settings, plan)
+        return draft_candidates(x["logits"], *settings, sizing)
 
     def step_candidates(c):
         return StepCandidates(c.logprobs.view(B, W, K), c.token_ids.view(B, W, K), V)

@@ -403,7 +403,7 @@ def overhead_main(argv=None) -> None:
     from vllm import SamplingParams
 
     from vllm_mtad.policy.controller import force_plans
-    from vllm_mtad.sampler import FlyRule, use_comparison_rule
+    from vllm_mtad.sampler import FlyRule, use_baseline_rule
     from vllm_mtad.timing import phase_times, reset_phase_times
 
     target, draft, tiny = resolve_pair(args)
@@ -423,7 +423,7 @@ def overhead_main(argv=None) -> None:
         llm = engines[engine]
         if engine == "mtad":
             llm.collective_rpc(force_plans([(width, args.gamma)]))
-            llm.collective_rpc(use_comparison_rule(FlyRule() if fly else None))
+            llm.collective_rpc(use_baseline_rule(FlyRule() if fly else None))
         params = [SamplingParams(max_tokens=args.tokens, ignore_eos=True, **GREEDY,
                                  extra_args={"greedy_acceptance": mode} if mode else None)
                   for _ in chunk]
