@@ -81,6 +81,7 @@ PRESETS = {
                            "mtad_w4g8"], sampler="equal", instances="repeat"),
 }
 CELLS = {"T=1": PAPER, "T=0": GREEDY}
+CELL_ORDER = {"T=1": 0, "T=0 joint": 1, "T=0 exact": 2}  # the tables' order of cells
 PROMPT_SETS = ("humaneval", "chat")
 
 
@@ -550,8 +551,7 @@ def headline(runs: list[dict], until: float = 0.05) -> list[dict]:
                 if ea:
                     row[name]["e2e"][n] = sum(ea) / sum(eb)
         out.append(row)
-    order = {"T=1": 0, "T=0 joint": 1, "T=0 exact": 2}
-    return sorted(out, key=lambda x: (x["batch"], order.get(x["cell"], 9)))
+    return sorted(out, key=lambda x: (x["batch"], CELL_ORDER.get(x["cell"], 9)))
 
 
 def study_rows(runs: list[dict]) -> list[dict]:
@@ -594,8 +594,7 @@ def study_rows(runs: list[dict]) -> list[dict]:
                 row["best_forced_vs_sd"] = max(means[c] for c in forced) / means["vllm_sd"]
                 row["best_forced"] = max(forced, key=means.get)
             out.append(row)
-    order = {"T=1": 0, "T=0 joint": 1, "T=0 exact": 2}
-    return sorted(out, key=lambda x: (x["batch"], order.get(x["cell"], 9), x["set"],
+    return sorted(out, key=lambda x: (x["batch"], CELL_ORDER.get(x["cell"], 9), x["set"],
                                       x["length"]))
 
 

@@ -118,9 +118,9 @@ class AcceptanceStats:
         for g in range(1, G + 1):
             if not shorter:
                 base = [self.prior_rate]
-            else:  # the shorter length continued at its last position's rate
-                last = shorter[-1] / max(shorter[-2], 1e-9) if len(shorter) > 1 else shorter[-1]
-                base = shorter + [shorter[-1] * min(1.0, last)]
+            else:  # the shorter length continued at its last position's rate (P(≥ 0) = 1)
+                prev = shorter[-2] if len(shorter) > 1 else 1.0
+                base = shorter + [shorter[-1] * min(1.0, shorter[-1] / max(prev, 1e-9))]
             n = sum(self.drafted[w][g - 1] for w in widths)
             pooled = [(sum(self.passed[w][g - 1][i] for w in widths) + k * base[i]) / (n + k)
                       for i in range(g)]
