@@ -740,6 +740,7 @@ def fed_policy(batch_size: int, seed: int = 0):
     for _ in range(200):
         g = rng.randint(1, 4)
         stats["sampled"].record(rng.randint(1, 4), g, rng.randint(0, g))
+    stats["sampled"].long_requests = 50  # drafted by many requests: past the cold start
     bounds = policy.Bounds(4, 4, 1, 0)
     left = [rng.randint(1, 48) for _ in range(B)]
     demand = policy.RowDemand(["sampled"] * B, tokens_left=left, prompt_tokens=[150] * B,

@@ -94,11 +94,13 @@ class _Requests:
         self.code = SCENARIOS[scenario][0]
         self.chat, self.length = REQUESTS[scenario]
         self.rng = rng
+        self.number = -1  # of the current request
         self._next()
 
     def _next(self) -> None:
         self.kind = self.code if self.rng.random() < 0.5 else self.chat
         self.done = 0  # tokens of the request made so far
+        self.number += 1
 
     def left(self) -> int:
         return self.length - self.done
@@ -184,9 +186,11 @@ def run(scenario: str, start: str, seed: int, steps: int = 1000) -> list[tuple]:
         stats["sampled"].record_batch(4, [(4, 1, 8)])
         stats["sampled"].record_batch(1, [(4, k, round(400 * (r ** k * (1 - r) if k < 4
                                                               else r ** 4))) for k in range(5)])
+        if hasattr(stats["sampled"], "long_requests"):  # a history of many requests: no cold start
+            stats["sampled"].long_requests = 400
     # The controller's exploration budget (vllm_mtad.policy.controller), where the code has one.
     budget = policy.ExplorationBudget() if hasattr(policy, "ExplorationBudget") else None
-    out = []
+    out, long_requests = [], set()  # the requests that drafted the longest length
     for step in range(1, steps + 1):
         B = batch_at(scenario, step)
         if start in ("fresh", "unlucky") and step <= 8:
@@ -204,6 +208,11 @@ def run(scenario: str, start: str, seed: int, steps: int = 1000) -> list[tuple]:
                 budget.after(plan)
             w, g = plan.beam_width, plan.num_tokens
         out.append(priced(B, w, g) + priced(B, *(fixed if stream else best[B])))
+        if g == G and hasattr(stats["sampled"], "long_requests"):  # as the controller counts
+            # (without a stream of requests, each step's draws are independent: a request each)
+            long_requests.add(stream.number if stream else step)
+            stats["sampled"].long_requests = max(stats["sampled"].long_requests,
+                                                 len(long_requests))
         if g:
             cells = Counter()
             for _ in range(B):

@@ -21,8 +21,8 @@ def plan(spec, classes, scheduled_tokens, state=None, req_ids=(), starts=()):
             return RowDemand(list(classes), [], [], [])
         return state.demand(list(req_ids), list(starts), list(classes))
 
-    return spec.plan(SimpleNamespace(classes=list(classes), fixed=False), scheduled_tokens,
-                     demand)
+    return spec.plan(SimpleNamespace(classes=list(classes), fixed=False, req_ids=tuple(req_ids)),
+                     scheduled_tokens, demand)
 
 
 def test_the_policy_sees_each_rows_prompt_budget_and_catch_up(monkeypatch):

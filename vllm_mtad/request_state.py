@@ -66,6 +66,7 @@ class Rows:
     greedy: list[bool]  # temperature 0
     classes: list[str]  # policy.CLASSES: "sampled", "joint" or "exact"
     fixed: bool = False  # a row asked for the fixed policy: the step drafts the configured plan
+    req_ids: tuple = ()  # the rows' request ids (the policy's cold start counts requests)
 
 
 class DraftStore:
@@ -242,7 +243,7 @@ class MTADRequestState:
         exact = [s.exact for s in settings]
         classes = [("exact" if e else "joint") if g else "sampled" for g, e in zip(greedy, exact)]
         return Rows([s.tau for s in settings], exact, [s.seed for s in settings], greedy,
-                    classes, any(s.fixed for s in settings))
+                    classes, any(s.fixed for s in settings), tuple(req_ids))
 
     def demand(self, req_ids: list[str], starts, classes: list[str]) -> RowDemand:
         """What pricing the step reads of its rows: output tokens each may still generate and

@@ -33,7 +33,8 @@ EXPLORE_SHARE = 0.02
 class Tuning:
     """How :func:`choose` explores: one step in ``explore_period``; the configured arm until
     every cost line has ``min_samples`` and each of the batch's classes has had ``min_drafts``
-    drafts of the longest arm (#cold-start-measures-the-long-arm); arms' tokens priced
+    drafts of the longest arm (#cold-start-measures-the-long-arm), made by ``min_requests``
+    requests (#cold-start-spans-requests); arms' tokens priced
     ``confidence`` standard errors below their estimate, and the optimistic exploration's
     at least sqrt(2 ln step) above it (#optimism-grows-with-steps); the step without a draft
     explored first, where the budget allows, until ``min_no_draft`` steps of the batch size
@@ -44,6 +45,7 @@ class Tuning:
     confidence: float = 1.0
     min_no_draft: int = 3
     min_drafts: int = 16
+    min_requests: int = 4
 
 
 def expected_tokens(batch: Batch, stats: dict, width: int, num_tokens: int,
@@ -142,7 +144,7 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
     :class:`ExplorationBudget`)."""
     full_width = batch_beams(batch.classes, bounds.beam_width)
     if batch.size == 0 or not (costs.ready(tuning.min_samples, bounds.max_tokens)
-                               and long_arm_measured(batch, stats, bounds, tuning.min_drafts)):
+                               and long_arm_measured(batch, stats, bounds, tuning)):
         return Plan(full_width, bounds.max_tokens)
     prices = _Prices(batch, costs, stats)
     best, best_goodput = None, -1.0
@@ -161,16 +163,18 @@ def choose(batch: Batch, costs: CostModel, stats: dict, bounds: Bounds, step: in
                 / max(best_goodput, 1e-9))
 
 
-def long_arm_measured(batch: Batch, stats: dict, bounds: Bounds, min_drafts: int) -> bool:
-    """Whether every class of ``batch`` has had ``min_drafts`` verified drafts of the longest
-    length, at any width (ever: a count that does not decay; a row without room for its beams
+def long_arm_measured(batch: Batch, stats: dict, bounds: Bounds, tuning: Tuning) -> bool:
+    """Whether every class of ``batch`` has had ``tuning.min_drafts`` verified drafts of the
+    longest length, by ``tuning.min_requests`` requests or more (#cold-start-spans-requests),
+    at any width (ever: counts that do not decay; a row without room for its beams
     drafts one, so the full width alone could stay unmeasured). Those also count as drafts of
-    every shorter length, so each arm's acceptance then rests on more than one request's
-    opening (#cold-start-measures-the-long-arm). Bounds narrowed below the statistics'
-    longest length (limit_plans) ask for nothing."""
+    every shorter length, so each arm's acceptance then rests on several requests' drafts
+    (#cold-start-measures-the-long-arm). Bounds narrowed below the statistics' longest length
+    (limit_plans) ask for nothing."""
     for cls in batch.classes:
         s = stats[cls]
-        if bounds.max_tokens == s.max_tokens and sum(s.long_drafts) < min_drafts:
+        if bounds.max_tokens == s.max_tokens and (sum(s.long_drafts) < tuning.min_drafts
+                                                  or s.long_requests < tuning.min_requests):
             return False
     return True
 

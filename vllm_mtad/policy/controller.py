@@ -57,6 +57,9 @@ class SpeculationController:
         # that need a known schedule (force_plans()); ``_forced_step``: its next entry.
         self.forced: list[tuple[int, int]] | None = None
         self._forced_step = 0
+        # Per class, the requests that drafted the longest length, until the cold start has
+        # as many as it needs (#cold-start-spans-requests).
+        self._long_request_ids: dict[str, set] = {}
 
     # --- timing ---------------------------------------------------------------------------
     def on_step_start(self) -> None:
@@ -111,7 +114,22 @@ class SpeculationController:
         if self.adaptive and not self.forced:
             plan = _same_on_every_rank(plan)
         self._count(plan)
+        if plan.num_tokens == self.cfg.num_speculative_tokens:
+            self._count_long_requests(rows)
         return plan
+
+    def _count_long_requests(self, rows) -> None:
+        """Each class's distinct requests in steps drafting the longest length, into its
+        statistics' ``long_requests``, up to what the cold start asks for."""
+        need = choice.Tuning().min_requests
+        for cls, req_id in zip(rows.classes, rows.req_ids):
+            s = self.stats[cls]
+            if s.long_requests < need:
+                seen = self._long_request_ids.setdefault(cls, set())
+                seen.add(req_id)
+                s.long_requests = len(seen)
+                if s.long_requests >= need:
+                    del self._long_request_ids[cls]
 
     def _close_verify(self, num_rows: int, scheduled_tokens: int) -> None:
         """The verify part's sample; a step that verified no drafts and read no prompt is also

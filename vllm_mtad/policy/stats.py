@@ -45,6 +45,10 @@ class AcceptanceStats:
     # [W]: drafts of the longest length (max_tokens) by W beams, ever (not decayed): whether
     # the policy's longest arm has been measured at all (#cold-start-measures-the-long-arm).
     long_drafts: list = field(default_factory=list)
+    # Distinct requests that drafted the longest length, counted by the controller up to the
+    # cold start's need: long drafts of one or two requests are one or two openings, not a
+    # rate (#cold-start-spans-requests).
+    long_requests: int = 0
     _rates: list | None = None  # [W][g-1][i-1] estimates, recomputed after a record
 
     def __post_init__(self) -> None:
