@@ -55,7 +55,9 @@ def _encode(batch, costs, stats, bounds, step, budget) -> dict:
         "batch": _fields(batch) | {"short": [list(k) + [n] for k, n in batch.short]},
         "costs": {name: _fields(getattr(costs, name))
                   for name in ("verify", "first_pass", "beam_step", "rest")}
-        | {"no_draft": {str(b): _fields(r) for b, r in costs.no_draft.items()}},
+        | {"no_draft": {str(b): _fields(r) for b, r in costs.no_draft.items()}}
+        | {"arms": {",".join(map(str, k)): _fields(r)
+                    for k, r in getattr(costs, "arms", {}).items()}},
         "stats": {cls: _fields(s) for cls, s in stats.items()},
         "bounds": _fields(bounds), "step": step, "budget": budget}
 
@@ -92,8 +94,11 @@ def _decode(entry: dict, policy):
         line = getattr(costs, name)
         for key, value in entry["costs"][name].items():
             setattr(line, key, value)
-    for size, fields in entry["costs"]["no_draft"].items():
-        ratio = costs.no_draft_ratio(int(size))
+    ratios = [(costs.no_draft_ratio(int(size)), fields)
+              for size, fields in entry["costs"]["no_draft"].items()]
+    ratios += [(costs.arm_ratio(*map(int, arm.split(","))), fields)  # recorded since issue 57
+               for arm, fields in entry["costs"].get("arms", {}).items()]
+    for ratio, fields in ratios:
         for key, value in fields.items():
             setattr(ratio, key, value)
     stats = {}

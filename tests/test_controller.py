@@ -215,3 +215,47 @@ def test_the_stopwatch_laps_consecutive_parts_and_a_discarded_step_gives_none():
     timings.resolve()
     off.resolve()
     assert costs.first_pass.samples == 1 and costs.beam_step.samples == 1
+
+
+def test_a_drafting_arm_is_timed_whole_from_one_decision_to_the_next(monkeypatch):
+    """#step-price-measured-per-arm: a decision drafting (W, γ) on a decode step opens a
+    sample of that arm's ratio (measured / the lines' price), closed at the next decision if
+    that step verified all of the drafts, read no prompt and kept its rows; the ratio then
+    prices that arm, at that batch size, and no other."""
+    import torch
+
+    from vllm_mtad.config import MTADConfig
+    from vllm_mtad.policy import Batch, Plan, choice
+    from vllm_mtad.policy.controller import SpeculationController
+
+    monkeypatch.setattr(choice, "choose", lambda batch, *a, **k: Plan(1, 4))
+    spec = SpeculationController(
+        MTADConfig(num_speculative_tokens=4, speculation_policy="adaptive"), torch.device("cpu"))
+    monkeypatch.setattr(spec.costs, "line_time", lambda batch, w, g: 0.5)
+    now = [0.0]
+    spec.timings.clock.mark = lambda: now[0]
+
+    def step(rows, verified, prefill=0, seconds=0.4):
+        spec.on_step_start()
+        now[0] += seconds
+        spec.verifying(verified)
+        plan(spec, ["sampled"] * rows, rows + verified + prefill)
+        spec.timings.resolve()
+
+    step(1, 0, prefill=30)  # the prompt's step: its decision opens no sample (a prefill chunk)
+    step(1, 4)  # opens one (a decode step)...
+    step(1, 4, seconds=0.4)  # ...closed here: 0.4 s where the lines said 0.5
+    ratio = spec.costs.arm_ratio(1, 1, 4)
+    assert ratio.samples == 1 and ratio.value == pytest.approx(0.8)
+    step(1, 4, prefill=50, seconds=2.0)  # a prompt arrived in the step: no sample
+    step(1, 2, seconds=2.0)  # not every draft verified (a row drafted fewer): none
+    step(2, 8, seconds=2.0)  # another row joined: none
+    assert ratio.samples == 1
+    assert spec.snapshot()["policy_costs"]["arms"] == {"B1_W1_g4": [0.8, 1]}
+    # The ratio prices its arm at its batch size only (0.5 x the lines' price at 0.4 / 0.5).
+    monkeypatch.undo()
+    costs = spec.costs
+    one, two = Batch({"sampled": 1}), Batch({"sampled": 2})
+    assert costs.step_time(one, 1, 4, 0.0) == pytest.approx(0.8 * costs.line_time(one, 1, 4))
+    assert costs.step_time(one, 1, 3, 0.0) == pytest.approx(costs.line_time(one, 1, 3))
+    assert costs.step_time(two, 1, 4, 0.0) == pytest.approx(costs.line_time(two, 1, 4))

@@ -49,6 +49,7 @@ class StepTimings:
         self.enabled = enabled
         # (cost line, size, start mark, end mark, parts, a step verifying no drafts)
         self._pending: list = []
+        self._ratios: list = []  # (Ratio, predicted seconds, start mark, end mark)
 
     def mark(self):
         return self.clock.mark() if self.enabled else None
@@ -63,6 +64,12 @@ class StepTimings:
             return
         end = end if end is not None else self.clock.mark()
         self._pending.append((model, size, start, end, count, no_draft))
+
+    def add_ratio(self, ratio, predicted: float, start, end) -> None:
+        """One sample of ``ratio`` (a cost.Ratio): the seconds between the marks over
+        ``predicted``."""
+        if start is not None and end is not None:
+            self._ratios.append((ratio, predicted, start, end))
 
     @contextlib.contextmanager
     def stopwatch(self):
@@ -89,6 +96,15 @@ class StepTimings:
                 costs.no_draft_ratio(size[0]).add(seconds, model.predict(size))
             model.add(size, model.clip(size, seconds))
         self._pending = keep
+        waiting = []
+        for item in self._ratios:
+            ratio, predicted, start, end = item
+            seconds = self.clock.seconds(start, end)
+            if seconds is None:
+                waiting.append(item)
+            else:
+                ratio.add(seconds, predicted)
+        self._ratios = waiting
 
 
 class Stopwatch:

@@ -60,6 +60,9 @@ class SpeculationController:
         # Per class, the requests that drafted the longest length, until the cold start has
         # as many as it needs (#cold-start-spans-requests).
         self._long_request_ids: dict[str, set] = {}
+        # The last decision's arm, if its step can be timed whole: (its Ratio, the lines'
+        # price, the decision's mark) (#step-price-measured-per-arm).
+        self._arm_sample = None
 
     # --- timing ---------------------------------------------------------------------------
     def on_step_start(self) -> None:
@@ -99,6 +102,7 @@ class SpeculationController:
         policy, so the step drafts the configured plan). ``demand``: called for the rows'
         RowDemand when the adaptive policy prices the step."""
         self._close_verify(len(rows.classes), scheduled_tokens)
+        self._close_arm_sample(len(rows.classes))
         self.steps += 1
         if self.adaptive:  # timings are taken under forced plans too: fit them as they come
             self.timings.resolve()
@@ -150,7 +154,28 @@ class SpeculationController:
         plan = choice.choose(batch, self.costs, self.stats, self.bounds, self.steps,
                              budget=self.explore_budget.seconds)
         self.explore_budget.after(plan)
+        self._open_arm_sample(batch, plan)
         return plan
+
+    def _open_arm_sample(self, batch: Batch, plan: Plan) -> None:
+        """Time the chosen arm's step whole, from this decision to the next, where nothing
+        else shares it: a decode step (no prefill chunk, nothing to catch up, no row that
+        drafts fewer tokens than the plan's)."""
+        w, g = plan.beam_width, plan.num_tokens
+        if g > 0 and batch.other_tokens == 0 and batch.catch_up_tokens == 0 and not batch.short:
+            self._arm_sample = (self.costs.arm_ratio(batch.size, w, g),
+                                self.costs.line_time(batch, w, g), (batch.size, g),
+                                self.timings.mark())
+
+    def _close_arm_sample(self, num_rows: int) -> None:
+        """The last decision's arm sample, if the step that verified its drafts verified them
+        all, read no prompt and kept the same rows."""
+        sample, self._arm_sample = self._arm_sample, None
+        if sample is None:
+            return
+        ratio, predicted, (rows, g), start = sample
+        if num_rows == rows and self.prefill_tokens == 0 and self._verified_drafts == rows * g:
+            self.timings.add_ratio(ratio, predicted, start, self.timings.mark())
 
     def _read_acceptance(self) -> None:
         """The sampler's counts since the last read into the statistics, with the steps they
@@ -174,6 +199,9 @@ class SpeculationController:
         # per batch size: measured / predicted seconds of steps without a draft, and how many
         coeffs["no_draft"] = {b: [round(r.value, 4), r.samples]
                               for b, r in sorted(self.costs.no_draft.items()) if r.samples}
+        # per (B, W, γ): measured / the lines' seconds of drafting steps, and how many
+        coeffs["arms"] = {f"B{b}_W{w}_g{g}": [round(r.value, 4), r.samples]
+                          for (b, w, g), r in sorted(self.costs.arms.items()) if r.samples}
         drafts, accepted = self.histogram.verified()
         return {"policy": self.cfg.speculation_policy, "policy_steps": self.steps,
                 "verified_drafts": drafts, "accepted_tokens": accepted,

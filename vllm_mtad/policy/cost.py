@@ -163,13 +163,20 @@ class CostModel:
 
     ``no_draft``: per batch size B, measured / predicted seconds of steps that verify no
     drafts: such a step verifies B tokens, below every size drafting steps fit the verify line
-    at, so its price is an extrapolation corrected per B (#no-draft-ratio-per-batch)."""
+    at, so its price is an extrapolation corrected per B (#no-draft-ratio-per-batch).
+    ``arms``: per (B, W, γ), measured / predicted seconds of drafting steps of that arm, from
+    one decision to the next: the lines are linear in γ, a step's time need not be, so an arm
+    drafted is priced by what it took (#step-price-measured-per-arm)."""
 
     verify: LinearCost = field(default_factory=lambda: LinearCost(dims=2))
     first_pass: LinearCost = field(default_factory=lambda: LinearCost(dims=2))
     beam_step: LinearCost = field(default_factory=LinearCost)  # by draft rows (B·W)
     rest: LinearCost = field(default_factory=LinearCost)  # bookkeeping, scheduling: by rows
     no_draft: dict = field(default_factory=dict)  # B -> Ratio
+    arms: dict = field(default_factory=dict)  # (B, W, γ) -> Ratio
+
+    def arm_ratio(self, rows: int, width: int, num_tokens: int) -> Ratio:
+        return self.arms.setdefault((int(rows), int(width), int(num_tokens)), Ratio())
 
     def no_draft_ratio(self, rows: int) -> Ratio:
         return self.no_draft.setdefault(int(rows), Ratio())
@@ -205,20 +212,27 @@ class CostModel:
         """Predicted seconds of the work in which the step (W, γ) = (width, num_tokens)
         differs from the others: the target's verification of the decode tokens (prefill
         chunks, verified alike by every arm, are left out) and, if it drafts, the draft's
-        first pass and beam steps plus ``owed_share`` of :meth:`owed_time`; without a draft,
-        the verify line's price corrected by ``no_draft`` at this batch size."""
+        first pass and beam steps (corrected by the arm's ratio at this batch size, once it
+        has been drafted) plus ``owed_share`` of :meth:`owed_time`; without a draft, the verify
+        line's price corrected by ``no_draft`` at this batch size."""
         B = batch.size
         if num_tokens == 0:
             ratio = self.no_draft_ratio(B).value
             return step_price(StepPrices(lambda n: self.verify.predict(n) * ratio,
                                          self.first_pass.predict, self.beam_step.predict,
                                          self.rest.predict), B, width, 0)
-        first = batch.first_pass_tokens
-        first = None if first is None else max(first - batch.other_tokens, B)
-        t = step_price(StepPrices(self.verify.predict, self.first_pass.predict,
-                                  self.beam_step.predict, self.rest.predict),
-                       B, width, num_tokens, first)
+        ratio = self.arms.get((B, width, num_tokens))
+        t = self.line_time(batch, width, num_tokens) * (ratio.value if ratio else 1.0)
         return t + owed_share * self.owed_time(batch)
+
+    def line_time(self, batch: Batch, width: int, num_tokens: int) -> float:
+        """The drafting step (W, γ) priced by the lines alone (no per-arm ratio, nothing
+        owed)."""
+        first = batch.first_pass_tokens
+        first = None if first is None else max(first - batch.other_tokens, batch.size)
+        return step_price(StepPrices(self.verify.predict, self.first_pass.predict,
+                                     self.beam_step.predict, self.rest.predict),
+                          batch.size, width, num_tokens, first)
 
 
 class StepPrices(NamedTuple):  # a tuple: built for every arm priced, so cheap to build
