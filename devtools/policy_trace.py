@@ -47,7 +47,7 @@ def _policy_module():
 def _fields(obj) -> dict:
     """A dataclass's fields by name (private ones included: the fitted sums)."""
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)
-            if not f.name.startswith("_coef") and f.name != "_rates"}
+            if not f.name.startswith("_coef") and f.name not in ("_rates", "_priors")}
 
 
 def _encode(batch, costs, stats, bounds, step, budget) -> dict:

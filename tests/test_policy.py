@@ -138,6 +138,28 @@ def test_a_length_not_drafted_for_long_reads_from_the_drafts_since():
     assert s.expected_accepted(4, 8) == pytest.approx(6.0, abs=0.25)
 
 
+def test_a_stale_length_below_its_prior_fades_one_above_it_waits():
+    """#stale-pessimism-fades (the verdict at 7b461b3: exact's long lengths, measured on two
+    chat warm-ups at 0.45, 0.15, ... by position, kept the policy on one-token drafts while
+    those were accepted 0.8 of the time, where W1 γ8 took 4.8 accepted tokens a draft on the
+    same warm-up prompts): a length no draft reaches ages by ``stale_decay`` a step where its
+    counts read below its prior, by ``decay`` where they read above it."""
+    def after(k_long: int, k_short: int, steps: int) -> AcceptanceStats:
+        s = AcceptanceStats(beam_width=1, max_tokens=4)
+        s.record(1, 4, k_long, count=16)  # the cold start: 16 drafts of four tokens
+        for i in range(steps):  # then one-token drafts, one a step
+            s.record_window({1: ([(1, 1 if i % 10 < k_short else 0, 1)], None)})
+        return s
+
+    low, high = after(0, 8, 200), after(4, 5, 200)  # 0 accepted vs 4 of 4; then 0.8 / 0.5
+    assert low.drafted[0][3] == pytest.approx(16 * 0.98 ** 200, rel=1e-6)  # 0.28 left
+    assert high.drafted[0][3] == pytest.approx(16 * 0.995 ** 200, rel=1e-6)  # 5.9 left
+    # Low reads 1.6 of the one-token drafts continued (0.76 + 0.58 + ... = 2.1); aging at
+    # 0.995 a step it would read 0.06.
+    assert low.expected_accepted(1, 4) > 1.5
+    assert high.expected_accepted(1, 4) > 3.5  # what the long drafts said, until refuted
+
+
 def test_a_longer_lengths_prior_continues_the_shorter_ones():
     """Without drafts of its own a length reads as the shorter length continued at that
     length's last rate: one-token drafts at 0.9 price two tokens at 0.9 + 0.81."""

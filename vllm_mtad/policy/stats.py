@@ -25,7 +25,10 @@ class AcceptanceStats:
     - Counts of every width age with each new draft of their length, so the figure of a width
       the policy stopped drafting returns to the prior (#widths-age-together); a length no
       draft reached in a window of steps ages by one draft a step instead, so a length last
-      drafted long ago rests on the drafts since, through its prior (#stale-lengths-age).
+      drafted long ago rests on the drafts since, through its prior (#stale-lengths-age);
+      by ``stale_decay`` a step where its counts read below that prior: a pessimistic figure
+      is tried again soon, an optimistic one waits for drafts to refute it
+      (#stale-pessimism-fades).
     - Estimates are shrunk (``prior_weight`` pseudo-drafts) towards the same (length,
       position) pooled over widths, itself shrunk towards the next shorter length's estimate
       and, at the new last position, that estimate's last continuation (P(≥ i) / P(≥ i − 1),
@@ -36,6 +39,9 @@ class AcceptanceStats:
     beam_width: int
     max_tokens: int
     decay: float = 0.995
+    # A length no draft reached, whose own counts read below its prior, ages this much a step
+    # (#stale-pessimism-fades).
+    stale_decay: float = 0.98
     prior_rate: float = 0.7
     prior_weight: float = 4.0
     # [W][g-1]: decayed counts of drafts of length g; [W][g-1][i-1]: of those, accepted >= i.
@@ -50,6 +56,7 @@ class AcceptanceStats:
     # rate (#cold-start-spans-requests).
     long_requests: int = 0
     _rates: list | None = None  # [W][g-1][i-1] estimates, recomputed after a record
+    _priors: list | None = None  # [g-1]: the prior each length's pooled estimate shrinks to
 
     def __post_init__(self) -> None:
         G = self.max_tokens
@@ -93,8 +100,11 @@ class AcceptanceStats:
         for e in entries.values():
             for g, _, n in e:
                 new[g - 1] += n
+        below = self._below_prior()
         for g in range(1, G + 1):
-            self._age(g, self.decay ** (new[g - 1] or max(steps, 1)))
+            n = new[g - 1]
+            stale = self.stale_decay if below[g - 1] else self.decay
+            self._age(g, self.decay ** n if n else stale ** max(steps, 1))
         for w, e in entries.items():
             for g, a, n in e:
                 self.drafted[w][g - 1] += n
@@ -111,6 +121,17 @@ class AcceptanceStats:
             for i in range(g):
                 row[i] *= keep
 
+    def _below_prior(self) -> list:
+        """[g-1]: whether length g's own counts, pooled over widths, read fewer accepted
+        tokens than its prior (the shorter length continued)."""
+        self._estimates()
+        out = []
+        for g in range(1, self.max_tokens + 1):
+            n = sum(self.drafted[w][g - 1] for w in range(self.beam_width))
+            own = sum(sum(self.passed[w][g - 1]) for w in range(self.beam_width))
+            out.append(n > 0 and own / n < sum(self._priors[g - 1]) - 1e-12)
+        return out
+
     def _estimates(self) -> list:
         """[W][g-1][i-1]: P(accepted >= i | a draft of g tokens by W beams), shrunk as the
         class docstring says; cached until the next record."""
@@ -118,6 +139,7 @@ class AcceptanceStats:
             return self._rates
         G, k, widths = self.max_tokens, self.prior_weight, range(self.beam_width)
         rates = [[None] * G for _ in widths]
+        priors = []
         shorter = []  # the pooled estimates of length g - 1
         for g in range(1, G + 1):
             if not shorter:
@@ -125,6 +147,7 @@ class AcceptanceStats:
             else:  # the shorter length continued at its last position's rate (P(≥ 0) = 1)
                 prev = shorter[-2] if len(shorter) > 1 else 1.0
                 base = shorter + [shorter[-1] * min(1.0, shorter[-1] / max(prev, 1e-9))]
+            priors.append(base)
             n = sum(self.drafted[w][g - 1] for w in widths)
             pooled = [(sum(self.passed[w][g - 1][i] for w in widths) + k * base[i]) / (n + k)
                       for i in range(g)]
@@ -132,7 +155,7 @@ class AcceptanceStats:
                 rates[w][g - 1] = [(self.passed[w][g - 1][i] + k * pooled[i])
                                    / (self.drafted[w][g - 1] + k) for i in range(g)]
             shorter = pooled
-        self._rates = rates
+        self._rates, self._priors = rates, priors
         return rates
 
     def expected_accepted(self, width: int, num_tokens: int, confidence: float = 0.0) -> float:
