@@ -11,7 +11,7 @@ Configurations, per draft length γ (``--gammas``) and temperature (``--temperat
   - ``mtad_exact w1`` (T = 0): the draft's argmax chain, accepted while it is the target's
     argmax: vLLM's greedy rule on MTAD's engine (a check: it must match ``vllm_sd_greedy``);
   - ``fly``: the same drafts (T = 0: the argmax chain; T > 0: one sampled chain), FLy's rule
-    (vllm_mtad.sampler.use_baseline_rule, its defaults: window min(6, γ − 1), entropy
+    (vllm_mtad.worker_rpc.use_baseline_rule, its defaults: window min(6, γ − 1), entropy
     threshold 0.3; at T > 0 the p/q test and the residual at a rejection);
   - ``mtad w{W}``: MTAD's rule, greedy "joint" at T = 0, sampled at T > 0;
 - ``mtad_adaptive`` (``--adaptive``): MTAD with the adaptive policy choosing each step's

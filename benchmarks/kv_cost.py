@@ -43,7 +43,7 @@ def gauges(llm) -> tuple[float, float]:
 def drafter_numbers(llm) -> dict:
     """The draft-only bytes, the batch rows they hold beam tails for, and the share of drafted
     rows that found no room and drafted one beam (driver rank's counters)."""
-    from vllm_mtad.proposer import drafter_stats
+    from vllm_mtad.worker_rpc import drafter_stats
 
     stats = llm.collective_rpc(drafter_stats)
     first = stats[0]

@@ -101,7 +101,8 @@ def step_main(argv=None) -> None:
 
     from vllm import SamplingParams
 
-    from vllm_mtad.timing import PHASES, phase_times, reset_phase_times
+    from vllm_mtad.timing import PHASES
+    from vllm_mtad.worker_rpc import phase_times, reset_phase_times
 
     target, draft, tiny = resolve_pair(args)
     _, sampling, mode = next(c for c in CELLS if c[0] == args.cell)
@@ -219,8 +220,7 @@ def run_config(target, draft, width, batch, context, new_tokens, block_size):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from vllm_mtad.proposer import drafter_stats
-    from vllm_mtad.timing import phase_times, reset_phase_times
+    from vllm_mtad.worker_rpc import drafter_stats, phase_times, reset_phase_times
 
     llm = build_llm(target, mtad_spec(draft, GAMMA, width, 0.5),
                     # Room for the longest context plus the new tokens: a row near
@@ -369,8 +369,8 @@ OVERHEAD_CONFIGS = (("target", "target", None, None, False),
 
 
 def overhead_split(ph: dict, seconds: float) -> dict:
-    """ms a step of a run from its phase counters (vllm_mtad.timing.phase_times) and its wall
-    seconds: the forwards, what lies beyond them, and that split into vocabulary work (the
+    """ms a step of a run from its phase counters (vllm_mtad.worker_rpc.phase_times) and its
+    wall seconds: the forwards, what lies beyond them, and that split into vocabulary work (the
     samplers), the runner's glue and the engine's work outside the runner."""
     steps = ph["calls"]["step"] // 2  # execute_model and sample_tokens: one step
     ms = {p: 1e3 * ph["seconds"].get(p, 0.0) / steps for p in
@@ -402,9 +402,9 @@ def overhead_main(argv=None) -> None:
 
     from vllm import SamplingParams
 
-    from vllm_mtad.policy.controller import force_plans
-    from vllm_mtad.sampler import FlyRule, use_baseline_rule
-    from vllm_mtad.timing import phase_times, reset_phase_times
+    from vllm_mtad.sampler import FlyRule
+    from vllm_mtad.worker_rpc import (force_plans, phase_times, reset_phase_times,
+                                      use_baseline_rule)
 
     target, draft, tiny = resolve_pair(args)
     common = dict(dtype="float32" if tiny else default_dtype(), max_model_len=2048,

@@ -151,7 +151,7 @@ def generate(llm, configs, problems, samples, store, args, bar) -> None:
 
 def policy_chosen(llm, since: dict | None = None) -> dict:
     """The MTAD engine's (W, γ) step counts (``since``: minus an earlier reading)."""
-    from vllm_mtad.proposer import drafter_stats
+    from vllm_mtad.worker_rpc import drafter_stats
 
     now = llm.collective_rpc(drafter_stats)[0]["policy_chosen"]
     since = since or {}
@@ -259,7 +259,7 @@ def run_speed(args, target, draft, problems, out: Path) -> None:
     """tok/s of every configuration in one interleaved run (its engines all alive)."""
     from tqdm import tqdm
 
-    from vllm_mtad.policy.controller import force_plans
+    from vllm_mtad.worker_rpc import force_plans
 
     configs = [c for c in grid() if not args.only or c.name in args.only]
     specs = engine_specs(draft)

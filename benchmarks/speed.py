@@ -129,7 +129,7 @@ def workload(pools: dict, batch: int, lengths: list[int], warm: bool = False) ->
 def run_one(llm, config: str, cell: str, batch: int, requests: list[dict], seed: int) -> dict:
     """One timed run of ``config`` on ``llm``: the run's totals and, per request, its decode
     and end-to-end rates (vLLM's request timestamps; ``disable_log_stats=False``)."""
-    from vllm_mtad.proposer import drafter_stats
+    from vllm_mtad.worker_rpc import drafter_stats
 
     selection0 = prepare(llm, config)
     is_mtad = engine_of(config).startswith("mtad")

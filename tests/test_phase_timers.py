@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from vllm_mtad.timing import PHASES, TIMERS, PhaseTimers, phase_times, reset_phase_times
+from vllm_mtad.timing import PHASES, TIMERS, PhaseTimers
+from vllm_mtad.worker_rpc import phase_times, reset_phase_times
 
 
 @pytest.fixture

@@ -63,7 +63,7 @@ class MTADProposer(DraftModelProposer):
         self._last_logprobs = None  # [B, γ, 1] float32, for vLLM's draft_probs channel
         self._kept_steps = None  # the round's candidates per step, when a rule reads them
         # Counters for benchmarks and tests. Host counters are plain ints; the device ones are
-        # summed on the device and read only by drafter_stats() (no sync in the beam loop).
+        # summed on the device and read only by worker_rpc.drafter_stats (no sync in the beam loop).
         self.stats = {"rounds": 0, "rows": 0, "beam_steps": 0, "dense_rounds": 0,
                       "dense_redos": 0, "chain_rounds": 0, "first_pass_s": 0.0,
                       "beam_steps_s": 0.0}
@@ -294,7 +294,7 @@ class MTADProposer(DraftModelProposer):
         whose candidates overflowed."""
         B, W, V = draft.B, draft.W, draft.V
         layout, row_width = self._beam_layout(draft)
-        # One beam a row, for a baseline rule (use_baseline_rule): q̃ at every position.
+        # One beam a row, for a baseline rule (worker_rpc.use_baseline_rule): q̃ at every position.
         self._kept_steps = keep = [] if self.state.distributions is not None and W == 1 \
             else None
         # Step 1: W distinct tokens from the first-pass distribution.
@@ -529,30 +529,3 @@ def available_memory_less_scratch(original):
     """A worker's ``determine_available_memory``, less the draft-only blocks of its MTAD
     drafter (patch_cpu_worker, patch_gpu_worker)."""
     return wrap_available_memory(original, draft_layers_of)
-
-
-def _bonus_counters(sampler) -> dict:
-    """How the rejection sampler's bonus draws applied top-k/top-p: by k-selection or by
-    vLLM's own call (vllm_mtad.sampler.SelectingTopKTopP; absent where vLLM's is used)."""
-    topk_topp = getattr(getattr(sampler, "bonus_sampler", None), "topk_topp_sampler", None)
-    if not hasattr(topk_topp, "selected"):
-        return {}
-    return {"sampler_bonus_selected": topk_topp.selected,
-            "sampler_bonus_fallbacks": topk_topp.fallbacks}
-
-
-def drafter_stats(worker) -> dict:
-    """For ``LLM.collective_rpc(drafter_stats)``: the MTAD drafter's counters on a worker."""
-    drafter = getattr(worker.model_runner, "drafter", None)
-    if not isinstance(drafter, MTADProposer):
-        return {}
-    sampler = getattr(worker.model_runner, "rejection_sampler", None)
-    scratch = drafter.scratch
-    return (dict(drafter.stats) | {k: int(v) for k, v in drafter._device_stats.items()}
-            | {"draft_scratch_bytes": scratch.bytes if scratch else 0,
-               "draft_scratch_blocks": scratch.blocks if scratch else 0,
-               "draft_scratch_rows": scratch.rows if scratch else 0}
-            | {"sampler_" + k: v for k, v in getattr(sampler, "stats", {}).items()}
-            | {"sampler_draft_store_misses": int(getattr(sampler, "store_misses", 0))}
-            | _bonus_counters(sampler)
-            | drafter.speculation.snapshot())

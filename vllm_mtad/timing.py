@@ -2,9 +2,9 @@
 
 Off by default (serving pays one attribute check per phase); on when ``VLLM_MTAD_PHASE_TIMERS=1``
 is set in the engine's environment, as the benchmarks do. The counters are per process (read
-them on a worker with ``LLM.collective_rpc(phase_times)``) and *exclusive*: a phase nested
-inside another (the draft model's forward inside drafting) is charged to itself only, so the
-phases add up to the time spent inside any of them.
+them on a worker with ``LLM.collective_rpc(vllm_mtad.worker_rpc.phase_times)``) and
+*exclusive*: a phase nested inside another (the draft model's forward inside drafting) is
+charged to itself only, so the phases add up to the time spent inside any of them.
 
 Phases (the same names for MTAD and vLLM's own speculative decoding):
 
@@ -90,22 +90,10 @@ class PhaseTimers:
 
 
 # Module-level state: this process's phase counters; the wrapped vLLM methods and forward
-# hooks charge them, and LLM.collective_rpc(phase_times) reads them per process.
+# hooks charge them, and LLM.collective_rpc(worker_rpc.phase_times) reads them per process.
 TIMERS = PhaseTimers()
 
 
 def phase(name: str):
     """``with phase("draft_vocab"): ...``: charge the block to a phase (no-op when disabled)."""
     return TIMERS.phase(name)
-
-
-def phase_times(worker=None, reset: bool = False) -> dict:
-    """For ``LLM.collective_rpc(phase_times)``: this process's counters (and optionally reset)."""
-    out = TIMERS.snapshot() | {"enabled": TIMERS.enabled}
-    if reset:
-        TIMERS.reset()
-    return out
-
-
-def reset_phase_times(worker=None) -> None:
-    TIMERS.reset()

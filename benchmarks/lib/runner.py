@@ -166,8 +166,8 @@ def run_config(llm, config: dict, prompts: list[str], max_tokens: int, stop=None
 
 
 def drafter_counters(llm) -> dict:
-    """The MTAD engine's drafter counters (vllm_mtad.proposer.drafter_stats)."""
-    from vllm_mtad.proposer import drafter_stats
+    """The MTAD engine's drafter counters (vllm_mtad.worker_rpc.drafter_stats)."""
+    from vllm_mtad.worker_rpc import drafter_stats
 
     return llm.collective_rpc(drafter_stats)[0]
 
