@@ -52,12 +52,13 @@ MTAD's beams share the request's prefix by block-table reference and copy at mos
 partially filled block per beam per step, so a beam step's cost should not grow with context
 length beyond attention itself; copying the prefix per beam would grow linearly with it. Each
 configuration runs the real vLLM engine with MTAD (γ = 4, T = 1, top-k 10, top-p 0.9) and reads
-the drafter's own timers (time per beam step, steps 2..γ, each a forward of B·W rows) and its
-count of copied blocks. The "prefix copy" column measures, on the same machine, copying
-(W−1) × ⌈context / block size⌉ blocks of the draft model's KV per draft round, i.e. what a
-fork-by-copy design would add. The phase counters (vllm_mtad.timing, VLLM_MTAD_PHASE_TIMERS=1
-by default here) split each draft round into the draft model's forwards (with its lm_head),
-the work on the draft vocabulary (processing, beam selection) and the beams' KV bookkeeping.
+the phase timers (vllm_mtad.timing, VLLM_MTAD_PHASE_TIMERS=1 here): the drafter's spans give
+the time per beam step (the round after its first pass, per beam step: steps 2..γ, each a
+forward of B·W rows) and per first pass; the drafter counts its copied blocks. The "prefix
+copy" column measures, on the same machine, copying (W−1) × ⌈context / block size⌉ blocks of
+the draft model's KV per draft round, i.e. what a fork-by-copy design would add. The phases
+split each draft round into the draft model's forwards (with its lm_head), the work on the
+draft vocabulary (processing, beam selection) and the beams' KV bookkeeping.
 
 The default pair is random (8-layer target, 4-layer draft, hidden 512) with the real pair's
 vocabulary size, 151,936 (Qwen2.5), so that the lm_head and the per-row vocabulary work cost
@@ -249,8 +250,8 @@ def run_config(target, draft, width, batch, context, new_tokens, block_size):
     prefix_blocks = (width - 1) * -(-context // block_size)
     return {
         "beam_width": width, "batch": batch, "context": context,
-        "beam_step_ms": 1e3 * stats["beam_steps_s"] / max(stats["beam_steps"], 1),
-        "first_pass_ms": 1e3 * stats["first_pass_s"] / max(rounds, 1),
+        "beam_step_ms": 1e3 * phases["spans"]["beam_steps"] / max(stats["beam_steps"], 1),
+        "first_pass_ms": 1e3 * phases["spans"]["first_pass"] / max(rounds, 1),
         "copied_blocks_per_round": stats["copied_blocks"] / max(rounds, 1),
         "prefix_copy_ms_per_round": 1e3 * batch * prefix_copy_seconds(
             prefix_blocks, draft_cfg.num_hidden_layers, block_bytes),
@@ -260,11 +261,9 @@ def run_config(target, draft, width, batch, context, new_tokens, block_size):
 
 
 def phase_columns(phases: dict, rounds: int) -> dict:
-    """ms per draft round (= per engine step) in each drafting phase; None with timers off."""
+    """ms per draft round (= per engine step) in each drafting phase."""
     names = ("draft_forward", "draft_vocab", "beam_kv", "draft_other", "target_forward",
              "sampler")
-    if not phases.get("enabled"):
-        return {"phase_seconds": None} | {f"{n}_ms_per_round": None for n in names}
     sec = phases["seconds"]
     return {"phase_seconds": sec} | {f"{n}_ms_per_round": 1e3 * sec[n] / max(rounds, 1)
                                      for n in names}
@@ -308,6 +307,11 @@ def draft_main(argv=None):
 
     from tqdm import tqdm
 
+    from vllm_mtad import envs
+
+    if not envs.phase_timers():  # every column but the copies comes from them
+        raise SystemExit("benchmarks.phases draft reads the phase timers: leave "
+                         "VLLM_MTAD_PHASE_TIMERS unset (this program sets it to 1) or set it to 1")
     target, draft = (args.target, args.draft) if args.target else medium_pair()
     widths, batches, contexts = ([1, 4], [1], [64]) if args.quick else \
         ([1, 2, 4, 8], [1, 16], [64, 1536])

@@ -22,8 +22,6 @@ K candidates of each beam. Nothing in the beam loop reads device values on the h
 
 from __future__ import annotations
 
-import contextlib
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -43,7 +41,7 @@ from vllm_mtad.log import get_logger
 from vllm_mtad.policy import Plan, row_beams
 from vllm_mtad.policy.controller import SpeculationController
 from vllm_mtad.request_state import MTADRequestState, Rows, row_sampling_params
-from vllm_mtad.timing import phase
+from vllm_mtad.timing import phase, span
 
 logger = get_logger(__name__)
 
@@ -63,10 +61,10 @@ class MTADProposer(DraftModelProposer):
         self._last_logprobs = None  # [B, γ, 1] float32, for vLLM's draft_probs channel
         self._kept_steps = None  # the round's candidates per step, when a rule reads them
         # Counters for benchmarks and tests. Host counters are plain ints; the device ones are
-        # summed on the device and read only by worker_rpc.drafter_stats (no sync in the beam loop).
+        # summed on the device and read only by worker_rpc.drafter_stats (no sync in the beam
+        # loop). Time is the phase timers' (vllm_mtad.timing: phases and spans).
         self.stats = {"rounds": 0, "rows": 0, "beam_steps": 0, "dense_rounds": 0,
-                      "dense_redos": 0, "chain_rounds": 0, "first_pass_s": 0.0,
-                      "beam_steps_s": 0.0}
+                      "dense_redos": 0, "chain_rounds": 0}
         self._device_stats = {"narrowed_rows": torch.zeros((), dtype=torch.int64, device=device),
                               "copied_blocks": torch.zeros((), dtype=torch.int64, device=device)}
 
@@ -112,15 +110,15 @@ class MTADProposer(DraftModelProposer):
         if plan.num_tokens == 0:  # no draft forward; the draft's KV catches up when it next drafts
             self.speculation.drafting_done(step.size)
             return torch.empty(step.size, 0, dtype=torch.int64, device=self.device)
-        with _wall(self.stats, "first_pass_s"):
+        with span("first_pass"):
             if gaps:  # the catch-up pass times itself
                 self._catch_up(gaps, step.req_ids, step.kwargs["common_attn_metadata"])
         with self.speculation.stopwatch() as watch:
-            with _wall(self.stats, "first_pass_s"):
+            with span("first_pass"):
                 draft, logits = self._first_pass(step, plan, num_speculative_tokens)
             if draft.gamma > 1:
                 watch.lap(self.speculation.costs.first_pass, draft.first_pass_size)
-            with _wall(self.stats, "beam_steps_s"):
+            with span("beam_steps"):
                 tokens, logprobs, redone = self._draft(draft, logits)
                 self._time_draft(watch, draft, redone)
                 self._record(step, draft, tokens, logprobs)
@@ -504,16 +502,6 @@ def _step_candidates(cands: Candidates, B: int, W: int, V: int):
     if cands.token_ids is None:
         return logprobs
     return StepCandidates(logprobs, cands.token_ids.view(B, W, -1), V)
-
-
-@contextlib.contextmanager
-def _wall(stats: dict, key: str):
-    """Adds the block's wall seconds to ``stats[key]`` (the drafter's counters)."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        stats[key] += time.perf_counter() - start
 
 
 def draft_layers_of(runner) -> DraftLayers | None:

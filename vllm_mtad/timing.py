@@ -19,6 +19,13 @@ Phases (the same names for MTAD and vLLM's own speculative decoding):
 - ``step``: the runner's whole ``execute_model`` + ``sample_tokens`` (the denominator; its
   exclusive part is scheduling glue, input preparation and bookkeeping).
 
+Spans (MTAD's drafter only), *inclusive* and beside the phases (the phases inside a span are
+charged as above): ``first_pass``, the draft's catch-up and first pass (vLLM's, one position);
+``beam_steps``, the rest of a draft round (the first beam selection, steps 2..γ of B·W rows,
+handing the drafts on). The policy times the same parts for its cost lines
+(vllm_mtad.policy.clock), without a sync and only for the adaptive policy; these are the
+benchmarks' (benchmarks.phases draft), with a sync on CUDA and for every policy.
+
 On CUDA the timers synchronise the device at every phase boundary, which costs time; they are
 for benchmarks, not for serving. On CPU nothing runs asynchronously and the figures are exact.
 """
@@ -33,6 +40,7 @@ from vllm_mtad import envs
 
 PHASES = ("target_forward", "draft_forward", "draft_vocab", "beam_kv", "draft_other", "sampler",
           "step")
+SPANS = ("first_pass", "beam_steps")
 
 
 class PhaseTimers:
@@ -40,6 +48,7 @@ class PhaseTimers:
         self._enabled = enabled
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
+        self.spans: dict[str, float] = defaultdict(float)  # inclusive seconds
         self._stack: list[list] = []  # [name, start, seconds spent in nested phases]
         self._sync = None
 
@@ -79,13 +88,28 @@ class PhaseTimers:
         finally:
             self.pop()
 
+    @contextmanager
+    def span(self, name: str):
+        """Add the block's seconds to ``spans[name]``, phases inside it included (and charged
+        to their phases as usual)."""
+        if not self.enabled:
+            yield
+            return
+        start = self._now()
+        try:
+            yield
+        finally:
+            self.spans[name] += self._now() - start
+
     def snapshot(self) -> dict:
         return {"seconds": {p: self.seconds.get(p, 0.0) for p in PHASES},
-                "calls": {p: self.calls.get(p, 0) for p in PHASES}}
+                "calls": {p: self.calls.get(p, 0) for p in PHASES},
+                "spans": {s: self.spans.get(s, 0.0) for s in SPANS}}
 
     def reset(self) -> None:
         self.seconds.clear()
         self.calls.clear()
+        self.spans.clear()
         self._stack.clear()
 
 
@@ -97,3 +121,9 @@ TIMERS = PhaseTimers()
 def phase(name: str):
     """``with phase("draft_vocab"): ...``: charge the block to a phase (no-op when disabled)."""
     return TIMERS.phase(name)
+
+
+def span(name: str):
+    """``with span("beam_steps"): ...``: add the block's seconds to a span (no-op when
+    disabled)."""
+    return TIMERS.span(name)
