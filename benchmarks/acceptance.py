@@ -66,13 +66,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.lib.engines import build, configurations, prepare_rule, sampling_params
+from benchmarks.lib.engines import build, close, configurations, prepare_rule, sampling_params
+from benchmarks.lib.models import grid_parser, parse_grid, resolve_pair
 from benchmarks.lib.prompts import prompt_sets
 from benchmarks.lib.report import RESULTS, code_version, records_environment, write_outputs
 from benchmarks.lib.runner import chosen_since, drafter_counters, run_config
 from benchmarks.lib.stats import bootstrap_mean, paired_bootstrap_diff, tokens_per_pass
 from benchmarks.lib.store import Store
-from devtools.models import grid_parser, parse_grid, resolve_pair
 
 
 def run(args) -> Path:
@@ -108,8 +108,6 @@ def run(args) -> Path:
                 print(f"{config['name']} on {name}: {tokens_per_pass(records):.3f} tokens "
                       "per target pass", flush=True)
         finally:
-            from devtools.engine import close
-
             close(llm)
     return store.path
 

@@ -23,8 +23,8 @@ import os
 import random
 import time
 
+from benchmarks.lib.engines import build_llm, close, metric_sum, mtad_spec
 from benchmarks.lib.report import environment, markdown_table, write_outputs
-from devtools.engine import build_llm, close, metric_sum, mtad_spec
 
 GAMMA = 4
 TAU = 0.5
@@ -124,7 +124,7 @@ def main(argv=None):
 
     from tqdm import tqdm
 
-    from devtools.tiny_models import TinyPairSpec, build_tiny_pair
+    from benchmarks.lib.models import TinyPairSpec, build_tiny_pair
     from vllm_mtad import envs
 
     target, draft = (str(p) for p in build_tiny_pair(envs.cache_dir() / "tiny"))

@@ -17,13 +17,12 @@ import statistics
 import sys
 import time
 
-from benchmarks.lib.engines import select_everywhere
+from benchmarks.lib.engines import (build_llm, close, default_dtype, draft_model_spec,
+                                    mtad_spec, release_memory, select_everywhere)
+from benchmarks.lib.models import add_model_args, resolve_pair
 from benchmarks.lib.prompts import GREEDY, PAPER, humaneval_prompts
 from benchmarks.lib.report import environment, markdown_table, write_outputs
 from benchmarks.lib.runner import generate_in_batches, run_view
-from devtools.engine import (build_llm, close, default_dtype, draft_model_spec,
-                             mtad_spec, release_memory)
-from devtools.models import add_model_args, resolve_pair
 
 STEP_DOC = """Where one speculative step's time goes: vLLM's speculative decoding against MTAD, per phase.
 
@@ -189,8 +188,8 @@ REAL_VOCAB_SIZE = 151_936  # Qwen2.5-Coder-1.5B/0.5B-Instruct's vocab_size
 
 
 def medium_pair():
+    from benchmarks.lib.models import TinyPairSpec, build_tiny_pair
     from vllm_mtad import envs
-    from devtools.tiny_models import TinyPairSpec, build_tiny_pair
 
     spec = TinyPairSpec(hidden_size=512, intermediate_size=1408, target_layers=8,
                         draft_layers=4, num_heads=8, num_kv_heads=4, init_std=0.05,

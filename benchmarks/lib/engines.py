@@ -22,6 +22,10 @@ method. With ``equal`` (the default of every program here) every engine draws to
 same k-selection (patches/worker/patch_topk_topp_sampler.py, VLLM_MTAD_CPU_TOPK_SELECT: the
 same tokens as vLLM's sort). A configuration named ``<name> as shipped`` runs the same engine
 with vLLM's own sampler, so both ratios come from one run.
+
+The engine helpers the programs share with the tests (devtools/engine.py: ``build_llm``,
+``mtad_spec``, ``draft_model_spec``, ``close``, ``release_memory``, ``default_dtype``,
+``metric_sum``) are named here too: programs take them from this module, not from devtools.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ import os
 from dataclasses import dataclass
 
 from benchmarks.lib.prompts import PAPER
-from devtools.engine import build_llm, draft_model_spec, mtad_spec
+from devtools.engine import (build_llm, close, default_dtype, draft_model_spec,  # noqa: F401
+                             metric_sum, mtad_spec, release_memory)
 
 SHIPPED = " as shipped"  # the suffix of a configuration run with vLLM's own sampler
 
