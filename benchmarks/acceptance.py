@@ -11,7 +11,7 @@ Configurations, per draft length γ (``--gammas``) and temperature (``--temperat
   - ``mtad_exact w1`` (T = 0): the draft's argmax chain, accepted while it is the target's
     argmax: vLLM's greedy rule on MTAD's engine (a check: it must match ``vllm_sd_greedy``);
   - ``fly``: the same drafts (T = 0: the argmax chain; T > 0: one sampled chain), FLy's rule
-    (vllm_mtad.sampler.use_baseline_rule, its defaults: window min(6, γ − 1), entropy
+    (vllm_mtad.worker_rpc.use_baseline_rule, its defaults: window min(6, γ − 1), entropy
     threshold 0.3; at T > 0 the p/q test and the residual at a rejection);
   - ``mtad w{W}``: MTAD's rule, greedy "joint" at T = 0, sampled at T > 0;
 - ``mtad_adaptive`` (``--adaptive``): MTAD with the adaptive policy choosing each step's
@@ -66,13 +66,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.lib.engines import build, configurations, prepare_rule, sampling_params
+from benchmarks.lib.engines import build, close, configurations, prepare_rule, sampling_params
+from benchmarks.lib.models import grid_parser, parse_grid, resolve_pair
 from benchmarks.lib.prompts import prompt_sets
 from benchmarks.lib.report import RESULTS, code_version, records_environment, write_outputs
 from benchmarks.lib.runner import chosen_since, drafter_counters, run_config
 from benchmarks.lib.stats import bootstrap_mean, paired_bootstrap_diff, tokens_per_pass
 from benchmarks.lib.store import Store
-from devtools.models import grid_parser, parse_grid, resolve_pair
 
 
 def run(args) -> Path:
@@ -108,8 +108,6 @@ def run(args) -> Path:
                 print(f"{config['name']} on {name}: {tokens_per_pass(records):.3f} tokens "
                       "per target pass", flush=True)
         finally:
-            from devtools.engine import close
-
             close(llm)
     return store.path
 

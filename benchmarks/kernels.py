@@ -20,11 +20,10 @@ import statistics
 import time
 
 from benchmarks.lib.graphs import capture, clock
-from benchmarks.lib.report import (RESULTS, code_commit, code_version, environment,
-                                   markdown_table, write_outputs)
+from benchmarks.lib.report import (RESULTS, code_commit, code_version, cpu_model_and_flags,
+                                   environment, markdown_table, write_outputs)
 from benchmarks.lib.runner import run_view
 from benchmarks.lib.shapes import DEPLOYED, REAL_PAIR, TINY_DRAFT, TINY_TARGET, Shape
-from devtools.engine import cpu_model_and_flags
 
 VOCAB_DOC = """The vocabulary-wide kernels of one MTAD draft step, timed side by side at real sizes.
 

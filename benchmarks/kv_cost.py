@@ -23,8 +23,8 @@ import os
 import random
 import time
 
+from benchmarks.lib.engines import build_llm, close, metric_sum, mtad_spec
 from benchmarks.lib.report import environment, markdown_table, write_outputs
-from devtools.engine import build_llm, close, metric_sum, mtad_spec
 
 GAMMA = 4
 TAU = 0.5
@@ -43,7 +43,7 @@ def gauges(llm) -> tuple[float, float]:
 def drafter_numbers(llm) -> dict:
     """The draft-only bytes, the batch rows they hold beam tails for, and the share of drafted
     rows that found no room and drafted one beam (driver rank's counters)."""
-    from vllm_mtad.proposer import drafter_stats
+    from vllm_mtad.worker_rpc import drafter_stats
 
     stats = llm.collective_rpc(drafter_stats)
     first = stats[0]
@@ -124,7 +124,7 @@ def main(argv=None):
 
     from tqdm import tqdm
 
-    from devtools.tiny_models import TinyPairSpec, build_tiny_pair
+    from benchmarks.lib.models import TinyPairSpec, build_tiny_pair
     from vllm_mtad import envs
 
     target, draft = (str(p) for p in build_tiny_pair(envs.cache_dir() / "tiny"))

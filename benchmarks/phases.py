@@ -17,13 +17,12 @@ import statistics
 import sys
 import time
 
-from benchmarks.lib.engines import select_everywhere
+from benchmarks.lib.engines import (build_llm, close, default_dtype, draft_model_spec,
+                                    mtad_spec, release_memory, select_everywhere)
+from benchmarks.lib.models import add_model_args, resolve_pair
 from benchmarks.lib.prompts import GREEDY, PAPER, humaneval_prompts
 from benchmarks.lib.report import environment, markdown_table, write_outputs
 from benchmarks.lib.runner import generate_in_batches, run_view
-from devtools.engine import (build_llm, close, default_dtype, draft_model_spec,
-                             mtad_spec, release_memory)
-from devtools.models import add_model_args, resolve_pair
 
 STEP_DOC = """Where one speculative step's time goes: vLLM's speculative decoding against MTAD, per phase.
 
@@ -52,12 +51,13 @@ MTAD's beams share the request's prefix by block-table reference and copy at mos
 partially filled block per beam per step, so a beam step's cost should not grow with context
 length beyond attention itself; copying the prefix per beam would grow linearly with it. Each
 configuration runs the real vLLM engine with MTAD (γ = 4, T = 1, top-k 10, top-p 0.9) and reads
-the drafter's own timers (time per beam step, steps 2..γ, each a forward of B·W rows) and its
-count of copied blocks. The "prefix copy" column measures, on the same machine, copying
-(W−1) × ⌈context / block size⌉ blocks of the draft model's KV per draft round, i.e. what a
-fork-by-copy design would add. The phase counters (vllm_mtad.timing, VLLM_MTAD_PHASE_TIMERS=1
-by default here) split each draft round into the draft model's forwards (with its lm_head),
-the work on the draft vocabulary (processing, beam selection) and the beams' KV bookkeeping.
+the phase timers (vllm_mtad.timing, VLLM_MTAD_PHASE_TIMERS=1 here): the drafter's spans give
+the time per beam step (the round after its first pass, per beam step: steps 2..γ, each a
+forward of B·W rows) and per first pass; the drafter counts its copied blocks. The "prefix
+copy" column measures, on the same machine, copying (W−1) × ⌈context / block size⌉ blocks of
+the draft model's KV per draft round, i.e. what a fork-by-copy design would add. The phases
+split each draft round into the draft model's forwards (with its lm_head), the work on the
+draft vocabulary (processing, beam selection) and the beams' KV bookkeeping.
 
 The default pair is random (8-layer target, 4-layer draft, hidden 512) with the real pair's
 vocabulary size, 151,936 (Qwen2.5), so that the lm_head and the per-row vocabulary work cost
@@ -101,7 +101,8 @@ def step_main(argv=None) -> None:
 
     from vllm import SamplingParams
 
-    from vllm_mtad.timing import PHASES, phase_times, reset_phase_times
+    from vllm_mtad.timing import PHASES
+    from vllm_mtad.worker_rpc import phase_times, reset_phase_times
 
     target, draft, tiny = resolve_pair(args)
     _, sampling, mode = next(c for c in CELLS if c[0] == args.cell)
@@ -187,8 +188,8 @@ REAL_VOCAB_SIZE = 151_936  # Qwen2.5-Coder-1.5B/0.5B-Instruct's vocab_size
 
 
 def medium_pair():
+    from benchmarks.lib.models import TinyPairSpec, build_tiny_pair
     from vllm_mtad import envs
-    from devtools.tiny_models import TinyPairSpec, build_tiny_pair
 
     spec = TinyPairSpec(hidden_size=512, intermediate_size=1408, target_layers=8,
                         draft_layers=4, num_heads=8, num_kv_heads=4, init_std=0.05,
@@ -219,8 +220,7 @@ def run_config(target, draft, width, batch, context, new_tokens, block_size):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from vllm_mtad.proposer import drafter_stats
-    from vllm_mtad.timing import phase_times, reset_phase_times
+    from vllm_mtad.worker_rpc import drafter_stats, phase_times, reset_phase_times
 
     llm = build_llm(target, mtad_spec(draft, GAMMA, width, 0.5),
                     # Room for the longest context plus the new tokens: a row near
@@ -249,8 +249,8 @@ def run_config(target, draft, width, batch, context, new_tokens, block_size):
     prefix_blocks = (width - 1) * -(-context // block_size)
     return {
         "beam_width": width, "batch": batch, "context": context,
-        "beam_step_ms": 1e3 * stats["beam_steps_s"] / max(stats["beam_steps"], 1),
-        "first_pass_ms": 1e3 * stats["first_pass_s"] / max(rounds, 1),
+        "beam_step_ms": 1e3 * phases["spans"]["beam_steps"] / max(stats["beam_steps"], 1),
+        "first_pass_ms": 1e3 * phases["spans"]["first_pass"] / max(rounds, 1),
         "copied_blocks_per_round": stats["copied_blocks"] / max(rounds, 1),
         "prefix_copy_ms_per_round": 1e3 * batch * prefix_copy_seconds(
             prefix_blocks, draft_cfg.num_hidden_layers, block_bytes),
@@ -260,11 +260,9 @@ def run_config(target, draft, width, batch, context, new_tokens, block_size):
 
 
 def phase_columns(phases: dict, rounds: int) -> dict:
-    """ms per draft round (= per engine step) in each drafting phase; None with timers off."""
+    """ms per draft round (= per engine step) in each drafting phase."""
     names = ("draft_forward", "draft_vocab", "beam_kv", "draft_other", "target_forward",
              "sampler")
-    if not phases.get("enabled"):
-        return {"phase_seconds": None} | {f"{n}_ms_per_round": None for n in names}
     sec = phases["seconds"]
     return {"phase_seconds": sec} | {f"{n}_ms_per_round": 1e3 * sec[n] / max(rounds, 1)
                                      for n in names}
@@ -308,6 +306,11 @@ def draft_main(argv=None):
 
     from tqdm import tqdm
 
+    from vllm_mtad import envs
+
+    if not envs.phase_timers():  # every column but the copies comes from them
+        raise SystemExit("benchmarks.phases draft reads the phase timers: leave "
+                         "VLLM_MTAD_PHASE_TIMERS unset (this program sets it to 1) or set it to 1")
     target, draft = (args.target, args.draft) if args.target else medium_pair()
     widths, batches, contexts = ([1, 4], [1], [64]) if args.quick else \
         ([1, 2, 4, 8], [1, 16], [64, 1536])
@@ -369,8 +372,8 @@ OVERHEAD_CONFIGS = (("target", "target", None, None, False),
 
 
 def overhead_split(ph: dict, seconds: float) -> dict:
-    """ms a step of a run from its phase counters (vllm_mtad.timing.phase_times) and its wall
-    seconds: the forwards, what lies beyond them, and that split into vocabulary work (the
+    """ms a step of a run from its phase counters (vllm_mtad.worker_rpc.phase_times) and its
+    wall seconds: the forwards, what lies beyond them, and that split into vocabulary work (the
     samplers), the runner's glue and the engine's work outside the runner."""
     steps = ph["calls"]["step"] // 2  # execute_model and sample_tokens: one step
     ms = {p: 1e3 * ph["seconds"].get(p, 0.0) / steps for p in
@@ -402,9 +405,9 @@ def overhead_main(argv=None) -> None:
 
     from vllm import SamplingParams
 
-    from vllm_mtad.policy.controller import force_plans
-    from vllm_mtad.sampler import FlyRule, use_baseline_rule
-    from vllm_mtad.timing import phase_times, reset_phase_times
+    from vllm_mtad.sampler import FlyRule
+    from vllm_mtad.worker_rpc import (force_plans, phase_times, reset_phase_times,
+                                      use_baseline_rule)
 
     target, draft, tiny = resolve_pair(args)
     common = dict(dtype="float32" if tiny else default_dtype(), max_model_len=2048,

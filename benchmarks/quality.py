@@ -52,8 +52,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.lib.engines import build, configurations, engine_dtype, select_everywhere
+from benchmarks.lib.engines import (build, build_llm, close, configurations, draft_model_spec,
+                                    engine_dtype, mtad_spec, select_everywhere)
 from benchmarks.lib.humaneval import run_checks
+from benchmarks.lib.models import add_model_args, grid_parser, parse_grid, resolve_pair
 from benchmarks.lib.prompts import HUMANEVAL_STOP, PAPER, chat_prompts
 from benchmarks.lib.report import (RESULTS, code_version, environment, markdown_table,
                                    write_outputs)
@@ -61,8 +63,6 @@ from benchmarks.lib.runner import drafter_counters, generate_in_batches, run_con
 from benchmarks.lib.stats import (bootstrap_mean, paired_bootstrap_diff, pareto_frontier,
                                   pass_at_k, tokens_per_pass)
 from benchmarks.lib.store import Store
-from devtools.engine import build_llm, close, draft_model_spec, mtad_spec
-from devtools.models import add_model_args, grid_parser, parse_grid, resolve_pair
 
 GAMMA = 4
 TARGET_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -151,7 +151,7 @@ def generate(llm, configs, problems, samples, store, args, bar) -> None:
 
 def policy_chosen(llm, since: dict | None = None) -> dict:
     """The MTAD engine's (W, γ) step counts (``since``: minus an earlier reading)."""
-    from vllm_mtad.proposer import drafter_stats
+    from vllm_mtad.worker_rpc import drafter_stats
 
     now = llm.collective_rpc(drafter_stats)[0]["policy_chosen"]
     since = since or {}
@@ -259,7 +259,7 @@ def run_speed(args, target, draft, problems, out: Path) -> None:
     """tok/s of every configuration in one interleaved run (its engines all alive)."""
     from tqdm import tqdm
 
-    from vllm_mtad.policy.controller import force_plans
+    from vllm_mtad.worker_rpc import force_plans
 
     configs = [c for c in grid() if not args.only or c.name in args.only]
     specs = engine_specs(draft)
@@ -575,7 +575,7 @@ def generate_rules(args, target, draft, tiny, sets, configs, records: Store) -> 
 def generated_on(dtype: str) -> str:
     """The CPU model and the dtype a record was generated with ("AMD EPYC ..., float32"): the
     report names them per row, as its rows can come from several machines."""
-    from devtools.engine import cpu_model_and_flags
+    from benchmarks.lib.report import cpu_model_and_flags
 
     return f"{cpu_model_and_flags().get('cpu_model', 'unknown')}, {dtype}"
 

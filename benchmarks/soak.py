@@ -44,7 +44,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from devtools.server import Server, free_port, read_metrics, running_server, serve_command
+from benchmarks.lib.server import Server, free_port, read_metrics, running_server, serve_command
 
 GAMMA, WIDTH, TAU = 4, 4, 0.5
 # The soak server's environment: vLLM's dev routes, for /reset_prefix_cache before each run alone.
@@ -546,8 +546,8 @@ def main(argv=None) -> int:
     if args.target:
         target, draft = args.target, args.draft
     else:
+        from benchmarks.lib.models import build_tiny_pair
         from vllm_mtad import envs
-        from devtools.tiny_models import build_tiny_pair
 
         target, draft = map(str, build_tiny_pair(envs.cache_dir() / "tiny"))
     spec = server_spec(draft)

@@ -51,20 +51,19 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.lib.engines import (CONFIGS, SHIPPED, EngineSet, build, configurations,
-                                    engine_dtype, engine_of, prepare, prepare_rule,
-                                    sampling_params, select_everywhere, selection_counts)
+from benchmarks.lib.engines import (CONFIGS, SHIPPED, EngineSet, build, close, configurations,
+                                    default_dtype, engine_dtype, engine_of, prepare,
+                                    prepare_rule, release_memory, sampling_params,
+                                    select_everywhere, selection_counts)
+from benchmarks.lib.models import add_model_args, grid_parser, number_list, parse_grid, resolve_pair
 from benchmarks.lib.projection import (fit_linear_costs, gpu_costs, sd_vocab_row_seconds,
                                        step_seconds, t0_tokens_per_pass, tokens_per_second,
                                        vocab_rows)
 from benchmarks.lib.prompts import GREEDY, HALF, PAPER, chat_prompts, humaneval_prompts
 from benchmarks.lib.report import RESULTS, code_commit, code_version, environment, write_outputs
-from benchmarks.lib.runner import (generate_in_batches, in_own_process, per_request_acceptance,
-                                   run_order)
+from benchmarks.lib.runner import (generate_in_batches, in_own_process, output_to,
+                                   per_request_acceptance, recording, run_order, tail)
 from benchmarks.lib.stats import ratio_interval, summary
-from devtools.console import output_to, tail
-from devtools.engine import close, default_dtype, release_memory
-from devtools.models import add_model_args, grid_parser, number_list, parse_grid, resolve_pair
 
 PRESETS = {
     # The README's table: batch 1 and a loaded batch, both temperatures, both prompt kinds, a
@@ -129,7 +128,7 @@ def workload(pools: dict, batch: int, lengths: list[int], warm: bool = False) ->
 def run_one(llm, config: str, cell: str, batch: int, requests: list[dict], seed: int) -> dict:
     """One timed run of ``config`` on ``llm``: the run's totals and, per request, its decode
     and end-to-end rates (vLLM's request timestamps; ``disable_log_stats=False``)."""
-    from vllm_mtad.proposer import drafter_stats
+    from vllm_mtad.worker_rpc import drafter_stats
 
     selection0 = prepare(llm, config)
     is_mtad = engine_of(config).startswith("mtad")
@@ -419,13 +418,12 @@ def main(argv=None) -> None:
 
 
 def _policy_trace(args):
-    """devtools.policy_trace.recording into OUT/policy-trace.jsonl.gz with --trace-policy."""
+    """devtools.policy_trace's recording (benchmarks.lib.runner.recording) into
+    OUT/policy-trace.jsonl.gz with --trace-policy."""
     import contextlib
 
     if not args.trace_policy:
         return contextlib.nullcontext()
-    from devtools.policy_trace import recording
-
     return recording(str(args.out / "policy-trace.jsonl.gz"))
 
 

@@ -73,7 +73,7 @@ def run_method(target, spec, prompts_text, max_tokens, tiny, kv_bytes):
     and vLLM SD also with vLLM's own sampler (``shipped_tokens_per_s``)."""
     from vllm import SamplingParams
 
-    from vllm_mtad.patches.worker.patch_topk_topp_sampler import use_selection
+    from vllm_mtad.worker_rpc import use_selection
 
     llm = build_llm(target, spec, dtype="float32" if tiny else default_dtype(),
                     max_model_len=2048, max_num_seqs=len(prompts_text), block_size=None,

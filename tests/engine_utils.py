@@ -88,7 +88,7 @@ class SharedEngines:
 
 
 def stats_delta(after: dict, before: dict) -> dict:
-    """The numeric drafter counters (vllm_mtad.proposer.drafter_stats) gained between two
+    """The numeric drafter counters (vllm_mtad.worker_rpc.drafter_stats) gained between two
     readings; other entries as they are ``after``."""
     return {k: (v - before.get(k, 0) if isinstance(v, (int, float)) and not isinstance(v, bool)
                 else v) for k, v in after.items()}

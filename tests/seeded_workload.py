@@ -51,7 +51,7 @@ def run(target_dir, draft_dir, batches=(None,), stats=None) -> list[list[list[in
         reqs = requests(settings)
         out.append(generate_ids(llm, [p for p, _ in reqs], [s for _, s in reqs]))
         if stats is not None:
-            from vllm_mtad.proposer import drafter_stats
+            from vllm_mtad.worker_rpc import drafter_stats
 
             stats.append(llm.collective_rpc(drafter_stats)[0])
     close(llm)

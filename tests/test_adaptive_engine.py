@@ -40,8 +40,7 @@ def drafted_and_accepted(llm, prompts, sampling):
 
 
 def test_self_draft_accepts_everything_across_skipped_and_narrowed_steps(tiny_pair_dirs):
-    from vllm_mtad.proposer import drafter_stats
-    from vllm_mtad.policy.controller import force_plans
+    from vllm_mtad.worker_rpc import drafter_stats, force_plans
 
     target_dir, _ = tiny_pair_dirs
     llm = make_llm(target_dir, mtad_spec(target_dir, gamma=3, width=4), enforce_eager=True,
@@ -91,7 +90,7 @@ def test_adaptive_mixed_batch_and_exact_equals_target_greedy(tiny_pair_dirs):
     """The adaptive policy on a mixed batch (sampled, greedy joint, greedy exact, different
     lengths): every request completes, exact requests equal the target's own greedy decoding
     token for token, and the policy's choices and measurements are reported."""
-    from vllm_mtad.proposer import drafter_stats
+    from vllm_mtad.worker_rpc import drafter_stats
 
     target_dir, draft_dir = tiny_pair_dirs
     exact = {"greedy_acceptance": "exact"}
@@ -126,7 +125,7 @@ def test_adaptive_mixed_batch_and_exact_equals_target_greedy(tiny_pair_dirs):
 def test_min_speculative_tokens_forbids_steps_without_a_draft(tiny_pair_dirs):
     """On the tiny pair drafting costs more than it saves (the policy picks γ = 0 most steps,
     test above); with min_speculative_tokens=1 no step may skip."""
-    from vllm_mtad.proposer import drafter_stats
+    from vllm_mtad.worker_rpc import drafter_stats
 
     target_dir, draft_dir = tiny_pair_dirs
     llm = make_llm(target_dir, mtad_spec(draft_dir, speculation_policy="adaptive",
@@ -148,7 +147,7 @@ def test_a_request_asking_for_the_fixed_policy_gets_the_fixed_engines_output(tin
     the request is in drafts the configured (W, γ), so its seeded output is the one a fixed
     engine gives, while the engine's other steps follow its own plans (here forced, so that
     they differ for sure: without the override the same request's output differs)."""
-    from vllm_mtad.policy.controller import force_plans
+    from vllm_mtad.worker_rpc import force_plans
 
     target_dir, draft_dir = tiny_pair_dirs
     mine = params(40, 1.0, seed=5, top_k=10, extra_args={"speculation_policy": "fixed"})
@@ -179,8 +178,7 @@ def test_steps_without_a_draft_sample_what_the_target_alone_samples(tiny_pair_di
     k-selection (sampler.SelectingTopKTopP), not vLLM's sort of the vocabulary."""
     from vllm.platforms import current_platform
 
-    from vllm_mtad.proposer import drafter_stats
-    from vllm_mtad.policy.controller import force_plans
+    from vllm_mtad.worker_rpc import drafter_stats, force_plans
 
     target_dir, draft_dir = tiny_pair_dirs
     n = 24

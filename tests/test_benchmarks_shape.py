@@ -1,9 +1,12 @@
 """The shape benchmarks/ keeps (issue 58), as tests/test_code_shape.py keeps the package's: one
-program per question and at most 8 of them, programs that import only benchmarks.lib (and the
-package and devtools), never each other, and set no environment when imported; output by default in benchmarks/results/ (ignored),
-never in benchmarks/reports/; a reports folder of data and prose (no code, no file over 1 MB);
-a README of at most 250 lines with one speed table, where speed ratios in prose count as
-tables (but in the GPU projection's five lines, issue 60's). The last test feeds each counter synthetic input, so that every check can fail."""
+program per question and at most 8 of them; programs that import, of this project, only
+benchmarks.lib and the package (never each other, never devtools or tests: what they need of
+devtools, benchmarks.lib names), at any depth, lazy imports included; programs and library that
+set no environment when imported; output by default in benchmarks/results/ (ignored), never in
+benchmarks/reports/; a reports folder of data and prose (no code, no file over 1 MB); a README
+of at most 250 lines with one speed table, where speed ratios in prose count as tables (but in
+the GPU projection's five lines, issue 60's). The last test feeds each counter synthetic input,
+so that every check can fail."""
 
 from __future__ import annotations
 
@@ -52,6 +55,23 @@ def program_imports(source: str) -> set[str]:
     """The benchmark programs (benchmarks.<name>, not benchmarks.lib) ``source`` imports."""
     return {m for m in imported(source)
             if m.startswith("benchmarks.") and m.split(".")[1] != "lib"}
+
+
+def project_modules(root: Path) -> set[str]:
+    """The top-level names this project's code is imported under: its packages (folders with
+    an __init__.py) and its top-level modules."""
+    return ({p.parent.name for p in root.glob("*/__init__.py")}
+            | {p.stem for p in root.glob("*.py") if p.name != "__init__.py"})
+
+
+def outside_imports(source: str, project: set[str]) -> set[str]:
+    """The modules of this project (top-level names in ``project``) that ``source`` imports
+    beyond benchmarks.lib and the package (vllm_mtad): devtools, tests, another program."""
+    def allowed(module: str) -> bool:
+        return (module.split(".")[0] == "vllm_mtad" or module in ("benchmarks", "benchmarks.lib")
+                or module.startswith("benchmarks.lib."))
+
+    return {m for m in imported(source) if m.split(".")[0] in project and not allowed(m)}
 
 
 def environment_at_import(source: str) -> list[str]:
@@ -136,6 +156,13 @@ def test_no_program_imports_another_and_the_library_imports_none():
     assert {k: v for k, v in found.items() if v} == {}
 
 
+def test_programs_import_of_this_project_only_the_library_and_the_package():
+    project = project_modules(ROOT)
+    assert {"benchmarks", "devtools", "tests", "vllm_mtad"} <= project, project
+    found = {p.name: outside_imports(p.read_text(), project) for p in programs(BENCHMARKS)}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
 def test_no_environment_set_at_import():
     found = {p.name: environment_at_import(p.read_text())
              for p in programs(BENCHMARKS) + sorted((BENCHMARKS / "lib").glob("*.py"))}
@@ -171,6 +198,18 @@ def test_the_checks_can_fail(tmp_path):
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "x.py").write_text("")
     assert [p.name for p in programs(tmp_path)] == ["a.py", "b.py"]
+    (tmp_path / "devtools").mkdir()
+    (tmp_path / "devtools" / "__init__.py").write_text("")
+    assert project_modules(tmp_path) == {"a", "b", "devtools"}  # lib/: no __init__.py here
+    project = {"benchmarks", "devtools", "tests", "vllm_mtad"}
+    assert outside_imports("import os, torch\nimport vllm_mtad\n"
+                           "from vllm_mtad.timing import PHASES\n"
+                           "from benchmarks.lib.engines import close\nfrom benchmarks import lib\n"
+                           "from devtools.engine import close\n"
+                           "def f():\n    import devtools.models\n"
+                           "    from tests.engine_utils import make_llm\n"
+                           "    from benchmarks import speed\n", project) == {
+        "devtools.engine", "devtools.models", "tests.engine_utils", "benchmarks.speed"}
     assert program_imports("from benchmarks.acceptance import run\nimport benchmarks.speed\n"
                            "from benchmarks import quality, lib\n"
                            "from benchmarks.lib.stats import summary\n"

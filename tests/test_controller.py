@@ -101,7 +101,8 @@ def test_speculation_controller_splits_a_steps_input_into_decode_and_prefill_tok
     import torch
 
     from vllm_mtad.config import MTADConfig
-    from vllm_mtad.policy.controller import SpeculationController, force_plans
+    from vllm_mtad.policy.controller import SpeculationController
+    from vllm_mtad.worker_rpc import force_plans
 
     spec = SpeculationController(
         MTADConfig(num_speculative_tokens=4, speculation_policy="adaptive"), torch.device("cpu"))
@@ -126,7 +127,8 @@ def test_forced_plans_cycle_from_their_start_and_the_policys_step_count_goes_on(
     import torch
 
     from vllm_mtad.config import MTADConfig
-    from vllm_mtad.policy.controller import SpeculationController, force_plans
+    from vllm_mtad.policy.controller import SpeculationController
+    from vllm_mtad.worker_rpc import force_plans
 
     spec = SpeculationController(
         MTADConfig(num_speculative_tokens=4, speculation_policy="adaptive"), torch.device("cpu"))

@@ -52,7 +52,7 @@ def shared_plain(engines, tiny_pair_dirs):
 
 
 def drafter_counters(llm):
-    from vllm_mtad.proposer import drafter_stats
+    from vllm_mtad.worker_rpc import drafter_stats
 
     return llm.collective_rpc(drafter_stats)[0]
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.engine
 def test_selection_draws_the_tokens_vllms_sort_draws(tiny_pair_dirs, method, monkeypatch):
     from vllm.platforms import current_platform
 
-    from vllm_mtad.patches.worker.patch_topk_topp_sampler import use_selection
+    from vllm_mtad.worker_rpc import use_selection
 
     if not current_platform.is_cpu():
         pytest.skip("the switch exists on CPU only (vLLM sorts nowhere else)")

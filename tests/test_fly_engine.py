@@ -1,5 +1,5 @@
-"""FLy's rule as a comparison baseline inside the MTAD engine (vllm_mtad.sampler
-use_baseline_rule), on the tiny pair: the same drafts (the draft's argmax chain), only the
+"""FLy's rule as a comparison baseline inside the MTAD engine (vllm_mtad.worker_rpc
+.use_baseline_rule), on the tiny pair: the same drafts (the draft's argmax chain), only the
 rule differs."""
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def test_fly_in_the_engine_reduces_to_exact_and_to_accept_all(tiny_pair_dirs):
     rule rejects some drafts, so both checks can fail.)"""
     from vllm import SamplingParams
 
-    from vllm_mtad.policy.controller import force_plans
-    from vllm_mtad.sampler import FlyRule, use_baseline_rule
+    from vllm_mtad.sampler import FlyRule
+    from vllm_mtad.worker_rpc import force_plans, use_baseline_rule
 
     target_dir, draft_dir = tiny_pair_dirs
     llm = make_llm(target_dir, mtad_spec(draft_dir, gamma=4, width=4), enforce_eager=True,
@@ -69,8 +69,8 @@ def test_sampled_fly_in_the_engine(tiny_pair_dirs):
     verified (its prefill step has no draft, and no kept distribution, to read)."""
     from vllm import SamplingParams
 
-    from vllm_mtad.policy.controller import force_plans
-    from vllm_mtad.sampler import FlyRule, use_baseline_rule
+    from vllm_mtad.sampler import FlyRule
+    from vllm_mtad.worker_rpc import force_plans, use_baseline_rule
 
     target_dir, draft_dir = tiny_pair_dirs
     llm = make_llm(target_dir, mtad_spec(draft_dir, gamma=4, width=4), enforce_eager=True,

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from vllm_mtad.timing import PHASES, TIMERS, PhaseTimers, phase_times, reset_phase_times
+from vllm_mtad.timing import PHASES, TIMERS, PhaseTimers
+from vllm_mtad.worker_rpc import phase_times, reset_phase_times
 
 
 @pytest.fixture
@@ -56,6 +57,31 @@ def test_nested_phases_are_exclusive():
     assert timers.snapshot()["calls"]["step"] == 1
     timers.reset()
     assert sum(timers.snapshot()["seconds"].values()) == 0
+
+
+@pytest.mark.unit
+def test_spans_are_inclusive_beside_the_phases():
+    """A span counts its whole block, phases inside it included, and leaves the phases'
+    exclusive accounting as it is; disabled, it counts nothing."""
+    timers = PhaseTimers(enabled=True)
+    timers._now()
+    with timers.phase("draft_other"):
+        with timers.span("beam_steps"):
+            time.sleep(0.03)
+            with timers.phase("draft_forward"):
+                time.sleep(0.04)
+    snap = timers.snapshot()
+    # 30 ms: as above, what a sleep may overshoot on a busy machine
+    assert snap["spans"]["beam_steps"] == pytest.approx(0.07, abs=0.03)
+    assert snap["spans"]["first_pass"] == 0
+    assert snap["seconds"]["draft_forward"] == pytest.approx(0.04, abs=0.03)
+    assert snap["seconds"]["draft_other"] == pytest.approx(0.03, abs=0.03)
+    timers.reset()
+    assert timers.snapshot()["spans"]["beam_steps"] == 0
+    off = PhaseTimers(enabled=False)
+    with off.span("beam_steps"):
+        time.sleep(0.01)
+    assert off.snapshot()["spans"]["beam_steps"] == 0
 
 
 @pytest.mark.unit

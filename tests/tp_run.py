@@ -17,7 +17,7 @@ def run(target, draft, tp, in_process=False, policy="fixed"):
     from vllm import SamplingParams
 
     from tests.engine_utils import close, generate_ids, make_llm, mtad_spec
-    from vllm_mtad.proposer import drafter_stats
+    from vllm_mtad.worker_rpc import drafter_stats
 
     # collective_rpc(drafter_stats) sends a function to the mp executor's workers (a test).
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")

@@ -19,7 +19,7 @@ Running counts, not deltas: an output that never reaches the front end (an empty
 sent to another front end) loses nothing, and the logger takes the differences. A step is
 counted once, when the worker chooses its plan; ``num_speculative_tokens="0"`` counts the steps
 in which no request drafted. Offline ``LLM`` engines load no stat-logger plugins: there,
-``LLM.collective_rpc(vllm_mtad.proposer.drafter_stats)`` reports the same counts
+``LLM.collective_rpc(vllm_mtad.worker_rpc.drafter_stats)`` reports the same counts
 (``policy_chosen``).
 
 No vLLM import at module level: the engine patches read :data:`FIELD` at plugin load.

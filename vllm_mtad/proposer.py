@@ -22,8 +22,6 @@ K candidates of each beam. Nothing in the beam loop reads device values on the h
 
 from __future__ import annotations
 
-import contextlib
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -43,7 +41,7 @@ from vllm_mtad.log import get_logger
 from vllm_mtad.policy import Plan, row_beams
 from vllm_mtad.policy.controller import SpeculationController
 from vllm_mtad.request_state import MTADRequestState, Rows, row_sampling_params
-from vllm_mtad.timing import phase
+from vllm_mtad.timing import phase, span
 
 logger = get_logger(__name__)
 
@@ -63,10 +61,10 @@ class MTADProposer(DraftModelProposer):
         self._last_logprobs = None  # [B, γ, 1] float32, for vLLM's draft_probs channel
         self._kept_steps = None  # the round's candidates per step, when a rule reads them
         # Counters for benchmarks and tests. Host counters are plain ints; the device ones are
-        # summed on the device and read only by drafter_stats() (no sync in the beam loop).
+        # summed on the device and read only by worker_rpc.drafter_stats (no sync in the beam
+        # loop). Time is the phase timers' (vllm_mtad.timing: phases and spans).
         self.stats = {"rounds": 0, "rows": 0, "beam_steps": 0, "dense_rounds": 0,
-                      "dense_redos": 0, "chain_rounds": 0, "first_pass_s": 0.0,
-                      "beam_steps_s": 0.0}
+                      "dense_redos": 0, "chain_rounds": 0}
         self._device_stats = {"narrowed_rows": torch.zeros((), dtype=torch.int64, device=device),
                               "copied_blocks": torch.zeros((), dtype=torch.int64, device=device)}
 
@@ -112,15 +110,15 @@ class MTADProposer(DraftModelProposer):
         if plan.num_tokens == 0:  # no draft forward; the draft's KV catches up when it next drafts
             self.speculation.drafting_done(step.size)
             return torch.empty(step.size, 0, dtype=torch.int64, device=self.device)
-        with _wall(self.stats, "first_pass_s"):
+        with span("first_pass"):
             if gaps:  # the catch-up pass times itself
                 self._catch_up(gaps, step.req_ids, step.kwargs["common_attn_metadata"])
         with self.speculation.stopwatch() as watch:
-            with _wall(self.stats, "first_pass_s"):
+            with span("first_pass"):
                 draft, logits = self._first_pass(step, plan, num_speculative_tokens)
             if draft.gamma > 1:
                 watch.lap(self.speculation.costs.first_pass, draft.first_pass_size)
-            with _wall(self.stats, "beam_steps_s"):
+            with span("beam_steps"):
                 tokens, logprobs, redone = self._draft(draft, logits)
                 self._time_draft(watch, draft, redone)
                 self._record(step, draft, tokens, logprobs)
@@ -294,7 +292,7 @@ class MTADProposer(DraftModelProposer):
         whose candidates overflowed."""
         B, W, V = draft.B, draft.W, draft.V
         layout, row_width = self._beam_layout(draft)
-        # One beam a row, for a baseline rule (use_baseline_rule): q̃ at every position.
+        # One beam a row, for a baseline rule (worker_rpc.use_baseline_rule): q̃ at every position.
         self._kept_steps = keep = [] if self.state.distributions is not None and W == 1 \
             else None
         # Step 1: W distinct tokens from the first-pass distribution.
@@ -506,16 +504,6 @@ def _step_candidates(cands: Candidates, B: int, W: int, V: int):
     return StepCandidates(logprobs, cands.token_ids.view(B, W, -1), V)
 
 
-@contextlib.contextmanager
-def _wall(stats: dict, key: str):
-    """Adds the block's wall seconds to ``stats[key]`` (the drafter's counters)."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        stats[key] += time.perf_counter() - start
-
-
 def draft_layers_of(runner) -> DraftLayers | None:
     """An MTAD runner's draft layers and settings, for the draft-only blocks (None for other
     runners)."""
@@ -529,30 +517,3 @@ def available_memory_less_scratch(original):
     """A worker's ``determine_available_memory``, less the draft-only blocks of its MTAD
     drafter (patch_cpu_worker, patch_gpu_worker)."""
     return wrap_available_memory(original, draft_layers_of)
-
-
-def _bonus_counters(sampler) -> dict:
-    """How the rejection sampler's bonus draws applied top-k/top-p: by k-selection or by
-    vLLM's own call (vllm_mtad.sampler.SelectingTopKTopP; absent where vLLM's is used)."""
-    topk_topp = getattr(getattr(sampler, "bonus_sampler", None), "topk_topp_sampler", None)
-    if not hasattr(topk_topp, "selected"):
-        return {}
-    return {"sampler_bonus_selected": topk_topp.selected,
-            "sampler_bonus_fallbacks": topk_topp.fallbacks}
-
-
-def drafter_stats(worker) -> dict:
-    """For ``LLM.collective_rpc(drafter_stats)``: the MTAD drafter's counters on a worker."""
-    drafter = getattr(worker.model_runner, "drafter", None)
-    if not isinstance(drafter, MTADProposer):
-        return {}
-    sampler = getattr(worker.model_runner, "rejection_sampler", None)
-    scratch = drafter.scratch
-    return (dict(drafter.stats) | {k: int(v) for k, v in drafter._device_stats.items()}
-            | {"draft_scratch_bytes": scratch.bytes if scratch else 0,
-               "draft_scratch_blocks": scratch.blocks if scratch else 0,
-               "draft_scratch_rows": scratch.rows if scratch else 0}
-            | {"sampler_" + k: v for k, v in getattr(sampler, "stats", {}).items()}
-            | {"sampler_draft_store_misses": int(getattr(sampler, "store_misses", 0))}
-            | _bonus_counters(sampler)
-            | drafter.speculation.snapshot())

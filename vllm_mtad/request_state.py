@@ -192,7 +192,7 @@ class MTADRequestState:
         self.settings: dict[str, RequestSettings] = {}
         self.drafts = DraftStore()
         # The draft's distributions of each request's latest draft; None: not kept (only a
-        # baseline rule asks for them: vllm_mtad.sampler.use_baseline_rule).
+        # baseline rule asks for them: vllm_mtad.worker_rpc.use_baseline_rule).
         self.distributions: DraftDistributions | None = None
         self.widths: dict[str, int] = {}  # req_id -> beams of its latest draft
         self.kv = DraftKVTracker()

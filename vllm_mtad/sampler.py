@@ -38,7 +38,7 @@ from vllm_mtad.core.fly import (DEFAULT_ENTROPY_THRESHOLD, FlyDraft, FlyGate, de
                                 fly_accept, top_k_entropy)
 from vllm_mtad.core.processing import Candidates, draft_candidates
 from vllm_mtad.policy.controller import SpeculationController
-from vllm_mtad.request_state import DraftDistributions, MTADRequestState, row_sampling_params
+from vllm_mtad.request_state import MTADRequestState, row_sampling_params
 
 
 class MTADRejectionSampler(RejectionSampler):
@@ -48,15 +48,15 @@ class MTADRejectionSampler(RejectionSampler):
         self.mtad = mtad
         self.state = state  # the requests' settings and drafts, the step's rows
         self.speculation = speculation  # the policy's acceptance statistics
-        # Where each verify step's draft log-probs came from (read with drafter_stats()).
+        # Where each verify step's draft log-probs came from (read with worker_rpc.drafter_stats).
         self.stats = {"draft_probs_channel": 0, "draft_store": 0}
         # Rows judged without their draft's probabilities (device; read by drafter_stats only).
         self.store_misses = torch.zeros((), dtype=torch.int64, device=device)
         # The bonus token's sampler: vLLM's, with top-k/top-p by k-selection where vLLM's own
         # would sort the vocabulary (see bonus_sampler).
         self.bonus_sampler = bonus_sampler(sampler, state)
-        # A benchmark's baseline on the same drafts (use_baseline_rule): FLy's rule instead
-        # of MTAD's; None, MTAD's. Not a setting of the plugin.
+        # A benchmark's baseline on the same drafts (worker_rpc.use_baseline_rule): FLy's rule
+        # instead of MTAD's; None, MTAD's. Not a setting of the plugin.
         self.baseline_rule: FlyRule | None = None
 
     def forward(self, metadata, draft_probs, logits, sampling_metadata) -> SamplerOutput:
@@ -375,20 +375,3 @@ class FlyRule:
 
     window: int | None = None
     entropy_threshold: float = DEFAULT_ENTROPY_THRESHOLD
-
-
-def use_baseline_rule(rule: FlyRule | None):
-    """For ``LLM.collective_rpc(use_baseline_rule(FlyRule()))``: an MTAD engine verifies its
-    drafts by FLy's rule (arXiv 2511.22972) instead of MTAD's, from its next step (None: MTAD's
-    again). A benchmark's baseline on the same drafts and costs as MTAD W=1's: force one beam
-    (vllm_mtad.policy.controller.force_plans); greedy requests ask for "exact" (the draft's
-    argmax chain, as vLLM's greedy draft), sampled ones draft one sampled chain, as vLLM's
-    probabilistic draft. Not a setting of the plugin."""
-    def apply(worker):
-        sampler = getattr(getattr(worker, "model_runner", None), "rejection_sampler", None)
-        if isinstance(sampler, MTADRejectionSampler):
-            sampler.baseline_rule = rule
-            # FLy's residual reads the draft's distributions: the drafter keeps them meanwhile.
-            sampler.state.distributions = None if rule is None else DraftDistributions()
-    return apply
-

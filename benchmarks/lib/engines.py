@@ -5,7 +5,7 @@ the equal-sampler switch. Two ways to name a configuration, one per kind of ques
   built by :class:`EngineSet`, set up by :func:`prepare`;
 - *the rules' grid* (:func:`configurations`: benchmarks.acceptance, benchmarks.quality's
   ``rules`` and benchmarks.speed's ``rules``): per temperature and γ, vLLM SD, MTAD "exact",
-  FLy (a baseline: the lossy peer, vllm_mtad.sampler.use_baseline_rule) and MTAD W=...,
+  FLy (a baseline: the lossy peer, vllm_mtad.worker_rpc.use_baseline_rule) and MTAD W=...,
   each a dict, engines built by :func:`build`, set up by :func:`prepare_rule`.
 
 An *engine* is one vLLM ``LLM`` (in this process); a *configuration* is what a timed run asks of
@@ -14,7 +14,7 @@ sampling), or MTAD: the default (adaptive policy, W <= 4, γ <= 8, what the READ
 to set), a forced arm ``mtad_w{W}g{γ}`` on an MTAD engine of its own (so that the default's
 engine serves default requests only), or ``mtad_fixed`` (W=4, γ=4 forced on the default's
 engine, which then learns from those steps too: what earlier verdicts ran). Forced arms go
-through vllm_mtad.policy.controller.force_plans.
+through vllm_mtad.worker_rpc.force_plans.
 
 **Equal samplers.** On CPU vLLM's top-k/top-p sorts the whole vocabulary, and MTAD's engine
 selects instead; a comparison at T=1 with top-k/top-p then measures the sampler as much as the
@@ -22,6 +22,10 @@ method. With ``equal`` (the default of every program here) every engine draws to
 same k-selection (patches/worker/patch_topk_topp_sampler.py, VLLM_MTAD_CPU_TOPK_SELECT: the
 same tokens as vLLM's sort). A configuration named ``<name> as shipped`` runs the same engine
 with vLLM's own sampler, so both ratios come from one run.
+
+The engine helpers the programs share with the tests (devtools/engine.py: ``build_llm``,
+``mtad_spec``, ``draft_model_spec``, ``close``, ``release_memory``, ``default_dtype``,
+``metric_sum``) are named here too: programs take them from this module, not from devtools.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ import os
 from dataclasses import dataclass
 
 from benchmarks.lib.prompts import PAPER
-from devtools.engine import build_llm, draft_model_spec, mtad_spec
+from devtools.engine import (build_llm, close, default_dtype, draft_model_spec,  # noqa: F401
+                             metric_sum, mtad_spec, release_memory)
 
 SHIPPED = " as shipped"  # the suffix of a configuration run with vLLM's own sampler
 
@@ -138,11 +143,11 @@ def prepare(llm, config: str) -> dict:
     shipped``, the selection otherwise) and, on an MTAD engine, the arm it forces (none: the
     adaptive policy, up to the engine's γ). Returns the selection's counts so far (see
     :func:`selection_counts`)."""
-    from vllm_mtad.patches.worker.patch_topk_topp_sampler import use_selection
+    from vllm_mtad.worker_rpc import use_selection
 
     counts = llm.collective_rpc(use_selection, args=(not config.endswith(SHIPPED),))[0]
     if engine_of(config).startswith("mtad"):
-        from vllm_mtad.policy.controller import force_plans
+        from vllm_mtad.worker_rpc import force_plans
 
         arm = forced_arm(config)
         llm.collective_rpc(force_plans(None if arm is None else [arm]))
@@ -153,7 +158,7 @@ def selection_counts(llm) -> dict:
     """{"selected", "fallbacks"}: the sampling calls of ``llm``'s worker that took the
     k-selection, and those that went to vLLM's sort with the switch on (for the record: a run
     on equal samplers that fell back is not on equal samplers)."""
-    from vllm_mtad.patches.worker.patch_topk_topp_sampler import counts
+    from vllm_mtad.worker_rpc import counts
 
     return llm.collective_rpc(counts)[0]
 
@@ -219,8 +224,8 @@ def prepare_rule(llm, config: dict) -> None:
     """Set the MTAD engine up for a grid ``config``: every step's (W, γ) (or the policy's) and
     the rule (FLy's, the baseline, or MTAD's)."""
     if config["engine"] in ("mtad", "mtad_adaptive"):
-        from vllm_mtad.policy.controller import force_plans
-        from vllm_mtad.sampler import FlyRule, use_baseline_rule
+        from vllm_mtad.sampler import FlyRule
+        from vllm_mtad.worker_rpc import force_plans, use_baseline_rule
 
         llm.collective_rpc(force_plans(None if config.get("adaptive")
                                        else [(config["w"], config["g"])]))

@@ -1,5 +1,6 @@
-"""Records and tables: the machine and code a result came from, and the output files (JSON for
-machines, Markdown for people, in benchmarks/results/ unless told otherwise)."""
+"""Records and tables: the machine and code a result came from (``environment``; the CPU's
+model and flags alone: ``cpu_model_and_flags``, devtools.engine's), and the output files (JSON
+for machines, Markdown for people, in benchmarks/results/ unless told otherwise)."""
 
 from __future__ import annotations
 

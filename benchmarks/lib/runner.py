@@ -1,5 +1,7 @@
 """The runner: how a benchmark feeds an engine, orders its configurations and runs a repeat in a
-process of its own (vLLM's log is kept off the terminal by devtools.console.output_to).
+process of its own; vLLM's log kept off the terminal (``output_to``, ``tail``: devtools.console's)
+and the policy's decisions recorded (``recording``: devtools.policy_trace's), named here for the
+programs.
 
 Every speed program warms each engine up on other prompts before timing, interleaves the
 configurations (:func:`run_order`) and repeats them; the report gives the median and [min, max]
@@ -9,6 +11,9 @@ of the repeats (benchmarks.lib.stats.summary).
 from __future__ import annotations
 
 import os
+
+from devtools.console import output_to, tail  # noqa: F401
+from devtools.policy_trace import recording  # noqa: F401
 
 
 def generate_in_batches(llm, prompts: list, params: list, batch: int) -> list:
@@ -166,8 +171,8 @@ def run_config(llm, config: dict, prompts: list[str], max_tokens: int, stop=None
 
 
 def drafter_counters(llm) -> dict:
-    """The MTAD engine's drafter counters (vllm_mtad.proposer.drafter_stats)."""
-    from vllm_mtad.proposer import drafter_stats
+    """The MTAD engine's drafter counters (vllm_mtad.worker_rpc.drafter_stats)."""
+    from vllm_mtad.worker_rpc import drafter_stats
 
     return llm.collective_rpc(drafter_stats)[0]
 

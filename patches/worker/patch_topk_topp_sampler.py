@@ -18,8 +18,9 @@ How: wraps the function. With VLLM_MTAD_CPU_TOPK_SELECT=1 (read at every call) a
     and kept values, so the same tokens drawn, up to float rounding of the top-p sum at its
     boundary, normalised over the candidates instead of the vocabulary); otherwise (a row
     without top-k, such as a greedy request's row in a mixed batch, or ties at a row's k-th
-    value reaching past the candidates) vLLM's own function runs. SELECTED and FALLBACKS count the
-    calls that took each way (host counters, for tests and benchmarks).
+    value reaching past the candidates) vLLM's own function runs. COUNTS counts the calls that
+    took each way (host counters, read and switched per worker by vllm_mtad.worker_rpc.counts
+    and .use_selection, for tests and benchmarks).
 Upstream: none filed (no network here); vLLM's rejection_sampler.py notes the cost itself
     ("`apply_top_k_top_p` uses sorting to calculate the mask, which is slow for large vocab
     sizes").
@@ -83,19 +84,3 @@ def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
-
-
-def counts(worker=None) -> dict:
-    """For ``LLM.collective_rpc(counts)``: the worker's counts so far."""
-    return dict(COUNTS)
-
-
-def use_selection(worker, on: bool) -> dict:
-    """For ``LLM.collective_rpc(use_selection, args=(on,))``: turn the selection on or off in a
-    worker's process (the environment variable the patch reads at every call; the worker
-    processes of a multi-process engine have their own copy), and return the worker's counts
-    so far."""
-    import os
-
-    os.environ["VLLM_MTAD_CPU_TOPK_SELECT"] = "1" if on else "0"
-    return dict(COUNTS)

@@ -170,7 +170,7 @@ def long_arm_measured(batch: Batch, stats: dict, bounds: Bounds, tuning: Tuning)
     drafts one, so the full width alone could stay unmeasured). Those also count as drafts of
     every shorter length, so each arm's acceptance then rests on several requests' drafts
     (#cold-start-measures-the-long-arm). Bounds narrowed below the statistics' longest length
-    (limit_plans) ask for nothing."""
+    (worker_rpc.limit_plans) ask for nothing."""
     for cls in batch.classes:
         s = stats[cls]
         if bounds.max_tokens == s.max_tokens and (sum(s.long_drafts) < tuning.min_drafts

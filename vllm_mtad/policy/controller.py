@@ -54,7 +54,7 @@ class SpeculationController:
         self._verified_drafts = 0  # draft tokens the current step's target input holds
         self.prefill_tokens = 0  # prefill tokens in the current step's target input
         # A cycle of (W, γ) to use instead of the policy's choice, for tests and benchmarks
-        # that need a known schedule (force_plans()); ``_forced_step``: its next entry.
+        # that need a known schedule (worker_rpc.force_plans); ``_forced_step``: its next entry.
         self.forced: list[tuple[int, int]] | None = None
         self._forced_step = 0
         # Per class, the requests that drafted the longest length, until the cold start has
@@ -191,7 +191,7 @@ class SpeculationController:
                         self.steps, dict(self.chosen.most_common(6)), summary(self.stats))
 
     def snapshot(self) -> dict:
-        """Counters for drafter_stats() and the benchmarks."""
+        """Counters for worker_rpc.drafter_stats and the benchmarks."""
         self.timings.resolve()
         self._read_acceptance()
         coeffs = {name: [round(c, 6) for c in getattr(self.costs, name).coefficients()]
@@ -231,31 +231,3 @@ def of_worker(worker) -> SpeculationController | None:
     """A vLLM worker's MTAD speculation state (None for runners without MTAD)."""
     drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
     return getattr(drafter, "speculation", None)
-
-
-def force_plans(plans):
-    """For ``LLM.collective_rpc(force_plans(...))``: every MTAD runner cycles through ``plans``
-    ([(W, γ), ...]; None: back to the policy) from its next step, from the cycle's start. The
-    policy's step count goes on, so its exploration schedule is the one a server's engine
-    follows (#force-plans-keep-step-count)."""
-    def apply(worker):
-        speculation = of_worker(worker)
-        if speculation is not None:
-            speculation.forced = None if plans is None else [tuple(p) for p in plans]
-            speculation._forced_step = 0
-    return apply
-
-
-def limit_plans(max_tokens: int | None):
-    """For ``LLM.collective_rpc(limit_plans(n))``: every MTAD runner's adaptive policy chooses
-    γ ≤ n from its next step (None: up to num_speculative_tokens again); a benchmark's way to
-    compare draft-length bounds on one engine."""
-    def apply(worker):
-        speculation = of_worker(worker)
-        if speculation is not None:
-            G = speculation.cfg.num_speculative_tokens
-            top = G if max_tokens is None else max(0, min(int(max_tokens), G))
-            b = speculation.bounds
-            speculation.bounds = Bounds(b.beam_width, top, b.min_beam_width,
-                                        min(speculation.cfg.min_speculative_tokens, top))
-    return apply
