@@ -13,9 +13,12 @@ reaches began to age a draft a step towards the shorter lengths continued
 the trace before); re-recorded again (issue 57) when the cold start began to last until four
 requests of each class drafted the long arm (#cold-start-spans-requests: the trace before
 replays with 353 of its 437 decisions changed, since it holds no request counts; the new one
-drafts the cold start's long arm in 121 of 402 decisions, the one before in 84 of 437). The
-trace before (643 decisions, recorded before the policy became a package) is in git history
-(c8ec52c).
+drafts the cold start's long arm in 121 of 402 decisions, the one before in 84 of 437); and
+again when each drafting arm began to be priced by its own measured step time and stale
+lengths below their prior to age faster (#step-price-measured-per-arm,
+#stale-pessimism-fades: 410 decisions, 406 of them with measured arms in their inputs; the
+trace before replays unchanged, since it holds none). The trace before (643 decisions,
+recorded before the policy became a package) is in git history (c8ec52c).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def test_the_recorded_decisions_replay_to_the_same_plans():
     from devtools.policy_trace import replay
 
     n, differ = replay(str(TRACE))
-    assert n == 402
+    assert n == 410
     assert differ == []
 
 
