@@ -338,6 +338,9 @@ def parse_args(argv):
                     help="record every decision of the MTAD default's policy (inputs, plan, "
                          "time, acceptance) to OUT/policy-trace.jsonl.gz; read it with "
                          "`python -m devtools.policy_trace explain` (--instances run only)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="no engine runs: OUT's tables and plot again from OUT/speed.json "
+                         "(its runs, machine, code version and lengths)")
     args = ap.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
@@ -357,6 +360,8 @@ def main(argv=None) -> None:
     # ran 1.02x apart instead of 1.10x.
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     args = parse_args(argv)
+    if args.report_only:
+        return report_again(args)
     from tqdm import tqdm
 
     select_everywhere()
@@ -415,6 +420,15 @@ def main(argv=None) -> None:
             bar.close()
     print(write_report(args, target, draft, env, runs, time.time() - started))
     print(f"\nwritten to {args.out} in {(time.time() - started) / 60:.1f} min", file=sys.stderr)
+
+
+def report_again(args) -> None:
+    """--report-only: speed.json's runs written out again (tables, plot, JSON) with the
+    machine, code version, lengths and minutes they were measured with."""
+    saved = json.loads((args.out / "speed.json").read_text())
+    args.lengths, args.until = saved["args"]["lengths"], saved["args"]["until"]
+    print(write_report(args, saved["target"], saved["draft"], saved["environment"],
+                       saved["runs"], 60 * saved["minutes"]))
 
 
 def _policy_trace(args):

@@ -152,7 +152,14 @@ def test_speed_study_preset_on_tiny_pair(tmp_path):
                           for s in ("humaneval", "chat")}
     assert all(r["vs_best"]["low"] <= r["vs_best"]["ratio"] <= r["vs_best"]["high"]
                for r in study.values())
-    assert "default / best" in (out / "speed.md").read_text()
+    tables = (out / "speed.md").read_text()
+    assert "default / best" in tables
+    # --report-only writes the same tables again from speed.json, running nothing.
+    (out / "speed.md").unlink()
+    run_module(["benchmarks.speed", "--preset", "study", "--report-only", "--out", str(out)],
+               tmp_path)
+    assert (out / "speed.md").read_text() == tables
+    assert json.loads((out / "speed.json").read_text())["runs"] == data["runs"]
 
 
 @pytest.mark.system
