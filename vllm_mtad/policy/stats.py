@@ -100,7 +100,8 @@ class AcceptanceStats:
         for e in entries.values():
             for g, _, n in e:
                 new[g - 1] += n
-        below = self._below_prior()
+        # (only where some length has no new draft: the check prices every length)
+        below = self._below_prior() if not all(new) else [False] * G
         for g in range(1, G + 1):
             n = new[g - 1]
             stale = self.stale_decay if below[g - 1] else self.decay
