@@ -349,7 +349,11 @@ runner's bookkeeping, the beams' block tables, output processing) is host work t
 not speed up. This measures it on the tiny pair, whose forwards are small, at T=0 (greedy) and
 γ = ``--gamma``: the target alone, vLLM SD (``draft_model``, greedy drafts) and, on one MTAD
 engine (fixed policy, every step's (W, γ) forced), FLy (W=1, the draft's argmax chain), MTAD
-W=1 and MTAD W=4 (greedy "joint"). Each engine is built once, warmed up on other prompts, then
+W=1 and MTAD W=4 (greedy "joint"). ``--configs`` picks among these and two more on the MTAD engine: ``mtad_none``
+(every step forced to draft nothing: what the engine costs beside the target alone when it does
+not speculate) and ``mtad_default`` (the adaptive policy; the MTAD engine is then built with it,
+and forced configurations override it). ``--sampling`` T=1 (top-k 10, top-p 0.9) instead of
+greedy. Each engine is built once, warmed up on other prompts, then
 the configurations run ``--repeats`` times in alternating order. Per run, from the phase counters
 (vllm_mtad.timing) and the run's wall time, in ms a step (``execute_model`` + ``sample_tokens``):
 
@@ -363,12 +367,15 @@ Reported: the median and [min, max] over repeats; JSON (every run, the machine, 
 flags) and Markdown in --out. A CPU's host overhead is not a GPU server's (another processor,
 CUDA launches and synchronisations): the projection sweeps it.
 """
-# (configuration, engine, forced (W, γ) or None, MTAD's greedy rule, FLy's rule)
+# (configuration, engine, forced W (γ: --gamma; 0: no draft) or None, MTAD's greedy rule,
+# FLy's rule)
 OVERHEAD_CONFIGS = (("target", "target", None, None, False),
                     ("vllm_sd", "sd", None, None, False),
                     ("fly", "mtad", 1, "exact", True),
                     ("mtad_w1", "mtad", 1, "joint", False),
                     ("mtad_w4", "mtad", 4, "joint", False))
+EXTRA_OVERHEAD_CONFIGS = (("mtad_none", "mtad", 0, "joint", False),
+                          ("mtad_default", "mtad", None, "joint", False))
 
 
 def overhead_split(ph: dict, seconds: float) -> dict:
@@ -400,8 +407,13 @@ def overhead_main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--gamma", type=int, default=4)
+    every = OVERHEAD_CONFIGS + EXTRA_OVERHEAD_CONFIGS
+    ap.add_argument("--configs", nargs="+", default=[c[0] for c in OVERHEAD_CONFIGS],
+                    choices=[c[0] for c in every])
+    ap.add_argument("--sampling", choices=("T=0", "T=1"), default="T=0")
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results)")
     args = ap.parse_args(argv)
+    configs = tuple(c for c in every if c[0] in args.configs)
 
     from vllm import SamplingParams
 
@@ -414,10 +426,14 @@ def overhead_main(argv=None) -> None:
                   max_num_seqs=max(args.batch, 1), max_num_batched_tokens=4096, block_size=32,
                   kv_cache_bytes=(256 << 20) if tiny else (640 << 20),
                   enable_prefix_caching=False)
+    greedy = args.sampling == "T=0"
+    policy = "adaptive" if "mtad_default" in args.configs else "fixed"
     specs = {"target": None,
-             "sd": draft_model_spec(draft, args.gamma, draft_sample_method="greedy"),
-             "mtad": mtad_spec(draft, gamma=args.gamma, width=4)}
-    engines = {name: build_llm(target, spec, **common) for name, spec in specs.items()}
+             "sd": draft_model_spec(draft, args.gamma,
+                                    **({"draft_sample_method": "greedy"} if greedy else {})),
+             "mtad": mtad_spec(draft, gamma=args.gamma, width=4, speculation_policy=policy)}
+    engines = {name: build_llm(target, specs[name], **common)
+               for name in dict.fromkeys(c[1] for c in configs)}
     prompts = humaneval_prompts(2 * args.prompts)
     warm, timed = prompts[args.prompts:], prompts[:args.prompts]
 
@@ -425,9 +441,11 @@ def overhead_main(argv=None) -> None:
         name, engine, width, mode, fly = config
         llm = engines[engine]
         if engine == "mtad":
-            llm.collective_rpc(force_plans([(width, args.gamma)]))
+            llm.collective_rpc(force_plans(
+                None if width is None else [(max(width, 1), args.gamma if width else 0)]))
             llm.collective_rpc(use_baseline_rule(FlyRule() if fly else None))
-        params = [SamplingParams(max_tokens=args.tokens, ignore_eos=True, **GREEDY,
+        params = [SamplingParams(max_tokens=args.tokens, ignore_eos=True,
+                                 **(GREEDY if greedy else PAPER),
                                  extra_args={"greedy_acceptance": mode} if mode else None)
                   for _ in chunk]
         llm.collective_rpc(reset_phase_times)
@@ -439,11 +457,11 @@ def overhead_main(argv=None) -> None:
         return {"config": name, "seconds": seconds, "tokens": tokens,
                 "tokens_per_step": tokens / split["steps"], **split}
 
-    for config in OVERHEAD_CONFIGS:
+    for config in configs:
         run(config, warm)
     runs = []
     for r in range(args.repeats):
-        for config in (OVERHEAD_CONFIGS if r % 2 == 0 else OVERHEAD_CONFIGS[::-1]):
+        for config in (configs if r % 2 == 0 else configs[::-1]):
             runs.append(run(config, timed) | {"repeat": r})
             print(f"repeat {r} {config[0]}: {runs[-1]['host']:.2f} ms host a step",
                   file=sys.stderr)
@@ -453,7 +471,7 @@ def overhead_main(argv=None) -> None:
     keys = ("wall", "forwards", "beyond_forwards", "vocab_work", "runner_glue",
             "outside_runner", "host", "tokens_per_step")
     rows = []
-    for config in OVERHEAD_CONFIGS:
+    for config in configs:
         rs = [x for x in runs if x["config"] == config[0]]
         row = {"config": config[0]}
         for k in keys:

@@ -341,7 +341,20 @@ def parse_args(argv):
     ap.add_argument("--report-only", action="store_true",
                     help="no engine runs: OUT's tables and plot again from OUT/speed.json "
                          "(its runs, machine, code version and lengths)")
+    ap.add_argument("--first-round", type=int, default=0,
+                    help="the first round's index (default: %(default)s). The order of the "
+                         "configurations and of building the engines turns with the index "
+                         "(run_order): with one round per run, a later run with "
+                         "--first-round 1 runs them in the reversed order, and --merge puts "
+                         "the two together (in one order, a drift over the run favours "
+                         "whatever runs first)")
+    ap.add_argument("--merge", nargs="+", default=[],
+                    help="with --report-only: OUT's runs and those of these folders' "
+                         "speed.json in one report (the same pair, machine, dtype, lengths "
+                         "and prompt sets; rounds of different indices)")
     args = ap.parse_args(argv)
+    if args.merge and not args.report_only:
+        ap.error("--merge needs --report-only")
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -402,13 +415,14 @@ def main(argv=None) -> None:
                     for name, llm in engines.items():
                         warm_up(bar.update, llm, served_by(plan, name, batch), batch, pools,
                                 args.lengths)
-            for r in range(args.max_repeats):
-                if r >= args.repeats:
-                    if not needs_more(runs, args, started, r):
+            for i in range(args.max_repeats):
+                if i >= args.repeats:
+                    if not needs_more(runs, args, started, i):
                         break
                     bar.total += per_round + (0 if args.instances == "run"
                                               else warm_ups[args.instances])
-                runs += one_round(bar, engines, spec, plan, families, r, args)
+                runs += one_round(bar, engines, spec, plan, families, args.first_round + i,
+                                  args)
                 write_report(args, target, draft, env, runs, time.time() - started)
         except BaseException:
             if log is not None:
@@ -424,11 +438,50 @@ def main(argv=None) -> None:
 
 def report_again(args) -> None:
     """--report-only: speed.json's runs written out again (tables, plot, JSON) with the
-    machine, code version, lengths and minutes they were measured with."""
-    saved = json.loads((args.out / "speed.json").read_text())
+    machine, code version, lengths and minutes they were measured with; with --merge, those
+    of other runs beside them (merge_saved)."""
+    saved = merge_saved([json.loads((folder / "speed.json").read_text())
+                         for folder in [args.out, *map(Path, args.merge)]])
     args.lengths, args.until = saved["args"]["lengths"], saved["args"]["until"]
+    args.prompt_sets = saved["args"]["prompt_sets"]
     print(write_report(args, saved["target"], saved["draft"], saved["environment"],
                        saved["runs"], 60 * saved["minutes"]))
+
+
+# What runs put together in one report must share: the pair, the machine, the workload.
+SAME_FOR_MERGE = (("target",), ("draft",), ("environment", "cpu_model"),
+                  ("environment", "cpu_flags"), ("environment", "dtype"), ("args", "lengths"),
+                  ("args", "prompt_sets"))
+
+
+def merge_saved(saved: list[dict]) -> dict:
+    """Several runs' speed.json payloads as one: their runs together, minutes added, code
+    versions and commits joined by " + " where they differ. Refused (SystemExit) where the
+    pair, machine, dtype, lengths or prompt sets differ, or where two hold the same round of a
+    configuration (the same cell, batch, configuration and round index: --first-round)."""
+    first = saved[0]
+    for other in saved[1:]:
+        for path in SAME_FOR_MERGE:
+            a, b = first, other
+            for key in path:
+                a, b = a.get(key), b.get(key)
+            if a != b:
+                raise SystemExit(f"--merge: {'.'.join(path)} differs ({a!r} against {b!r})")
+    seen, runs = set(), []
+    for payload in saved:
+        for run in payload["runs"]:
+            key = (run["cell"], run["batch"], run["config"], run["repeat"])
+            if key in seen:
+                raise SystemExit(f"--merge: round {run['repeat']} of {run['config']} in "
+                                 f"{run['cell']} at batch {run['batch']} is in two runs "
+                                 "(a later run starts at another --first-round)")
+            seen.add(key)
+            runs.append(run)
+    env = dict(first["environment"])
+    for key in ("code_version", "commit"):
+        env[key] = " + ".join(dict.fromkeys(p["environment"].get(key, "?") for p in saved))
+    return first | {"environment": env, "runs": runs,
+                    "minutes": sum(p["minutes"] for p in saved)}
 
 
 def _policy_trace(args):
@@ -651,7 +704,7 @@ def markdown(runs: list[dict], env: dict, minutes: float, lengths: list[int]) ->
     lines = [f"{env.get('cpu_model', '?')} ({env['cpus']} CPUs; flags "
              f"{' '.join(env.get('cpu_flags', []))}), {env.get('dtype', '?')}; vLLM "
              f"{env['vllm']}, torch {env['torch']}, code {env['code_version']} (commit "
-             f"{env['commit'][:12]}), {env['date']}, {minutes:.1f} min.", "",
+             f"{' + '.join(c[:12] for c in env['commit'].split(' + '))}), {env['date']}, {minutes:.1f} min.", "",
              "| cell | batch | decode tok/s: target alone | vLLM SD (acc.) | MTAD default (acc.) "
              f"| MTAD / SD | MTAD / target | end to end, {e2e_head} tokens: MTAD / SD | CPU-s "
              "per token: target, SD, MTAD | MTAD drafted (steps) |",
