@@ -740,7 +740,29 @@ def markdown(runs: list[dict], env: dict, minutes: float, lengths: list[int]) ->
         lines.append(f"| {r['cell']} | {r['batch']} | {r['config']} | {_rate(r)} | "
                      f"{_rate(r, 'e2e')} | {r['tok_s']:.1f} | {r['cpu_s_per_token']:.2f} | "
                      f"{acc} | {groups} | {r['chosen']} |")
-    return "\n".join(lines + study_table(study_rows(runs)))
+    return "\n".join(lines + order_warning(runs) + study_table(study_rows(runs)))
+
+
+def one_order_only(runs: list[dict]) -> list[tuple[str, int]]:
+    """(cell, batch) pairs whose configurations ran in one order only: every round of the
+    same parity (run_order reverses the order in odd rounds), as with one round."""
+    parities = {}
+    for r in runs:
+        parities.setdefault((r["cell"], r["batch"]), set()).add(r["repeat"] % 2)
+    return [key for key, p in parities.items() if len(p) == 1]
+
+
+def order_warning(runs: list[dict]) -> list[str]:
+    """A line under the tables where some cell's configurations ran in one order only."""
+    pairs = one_order_only(runs)
+    if not pairs:
+        return []
+    where = ", ".join(f"{cell} at batch {batch}" for cell, batch in pairs)
+    return ["", f"**One order only** ({where}): every round ran the configurations in the "
+            "same order, so a drift of the machine's speed over the run favours some "
+            "configurations over others (speed-study-cpu: the target alone ran first in the "
+            "one-round batch-16 runs). Another round with "
+            "`--first-round 1` and `--report-only --merge` balances it."]
 
 
 def write_report(args, target, draft, env, runs, seconds) -> str:

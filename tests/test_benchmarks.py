@@ -269,14 +269,16 @@ def test_forwards_runs_and_projects_from_measured_parts(tmp_path):
 def test_phases_overhead_view_on_tiny_pair(tmp_path):
     """The host work per step beyond the forwards, one harness for every engine: each run's
     wall time per step splits exactly into the forwards, the samplers, the runner's glue and
-    the engine outside the runner; the target alone has no draft forward, and the engines
-    that draft take more than one token a step where the target alone takes one."""
+    the engine outside the runner; the target alone and the MTAD engine forced to draft
+    nothing have no draft forward, and the engines that draft take more than one token a step
+    where those take one."""
     run_module(["benchmarks.phases", "overhead", "--tiny", "--tokens", "8", "--prompts", "1",
-                "--repeats", "1", "--out", str(tmp_path / "out")], tmp_path)
+                "--repeats", "1", "--configs", "target", "vllm_sd", "fly", "mtad_w1", "mtad_w4",
+                "mtad_none", "--out", str(tmp_path / "out")], tmp_path)
     data = json.loads((tmp_path / "out" / "overhead.json").read_text())
     assert [r["config"] for r in data["rows"]] == ["target", "vllm_sd", "fly", "mtad_w1",
-                                                   "mtad_w4"]
-    assert data["environment"]["cpu_model"] and len(data["runs"]) == 5
+                                                   "mtad_w4", "mtad_none"]
+    assert data["environment"]["cpu_model"] and len(data["runs"]) == 6
     for run in data["runs"]:
         assert run["wall"] == pytest.approx(run["forwards"] + run["vocab_work"]
                                             + run["runner_glue"] + run["outside_runner"])
@@ -284,6 +286,9 @@ def test_phases_overhead_view_on_tiny_pair(tmp_path):
         assert run["host"] > 0 and run["forwards"] > 0
     by = {r["config"]: r for r in data["runs"]}
     assert by["target"]["phases"]["draft_forward"] == 0 and by["target"]["tokens_per_step"] == 1
+    # The MTAD engine forced to draft nothing: no draft forward, one token a step.
+    assert by["mtad_none"]["phases"]["draft_forward"] == 0
+    assert by["mtad_none"]["tokens_per_step"] == 1
     assert all(by[c]["phases"]["draft_forward"] > 0 and by[c]["tokens_per_step"] > 1
                for c in ("vllm_sd", "fly", "mtad_w1", "mtad_w4"))
     assert (tmp_path / "out" / "overhead.md").read_text().startswith("| engine |")
@@ -924,6 +929,41 @@ def test_report_only_keeps_the_environment_the_records_were_made_in(tmp_path):
     assert kept["cpu_model"] == "AMD EPYC 7B13" and kept["reported_on"] == here["cpu_model"]
     ran = records_environment(previous, report_only=False)
     assert ran["cpu_model"] == here["cpu_model"] and "reported_on" not in ran
+
+
+@pytest.mark.unit
+def test_report_only_merges_rounds_of_several_runs():
+    """benchmarks.speed --report-only --merge: one-round runs made at different
+    --first-round indices put together as rounds of one report; refused where they hold the
+    same round of a configuration, or were measured on another machine or workload."""
+    from benchmarks.speed import merge_saved
+
+    def saved(repeat, commit, cpu="AMD EPYC", lengths=(32, 256)):
+        runs = [{"cell": "T=0", "batch": 16, "config": c, "repeat": repeat, "tok_s": 1.0}
+                for c in ("target", "mtad joint")]
+        return {"target": "t", "draft": "d", "minutes": 30.0, "runs": runs,
+                "environment": {"cpu_model": cpu, "cpu_flags": ["avx2"], "dtype": "bfloat16",
+                                "code_version": commit, "commit": commit},
+                "args": {"lengths": list(lengths), "prompt_sets": ["humaneval", "chat"]}}
+
+    merged = merge_saved([saved(0, "aaa"), saved(1, "bbb")])
+    assert sorted((r["config"], r["repeat"]) for r in merged["runs"]) == [
+        ("mtad joint", 0), ("mtad joint", 1), ("target", 0), ("target", 1)]
+    assert merged["minutes"] == 60.0
+    assert merged["environment"]["code_version"] == "aaa + bbb"
+    assert merge_saved([saved(0, "aaa"), saved(1, "aaa")])["environment"]["commit"] == "aaa"
+    with pytest.raises(SystemExit, match="round 0 of target"):
+        merge_saved([saved(0, "aaa"), saved(0, "aaa")])
+    with pytest.raises(SystemExit, match="cpu_model"):
+        merge_saved([saved(0, "aaa"), saved(1, "aaa", cpu="Intel Xeon")])
+    with pytest.raises(SystemExit, match="lengths"):
+        merge_saved([saved(0, "aaa"), saved(1, "aaa", lengths=(32, 64))])
+    # One round, or rounds of one parity, ran the configurations in one order: flagged.
+    from benchmarks.speed import one_order_only
+
+    assert one_order_only(saved(0, "aaa")["runs"]) == [("T=0", 16)]
+    assert one_order_only(saved(0, "aaa")["runs"] + saved(2, "aaa")["runs"]) == [("T=0", 16)]
+    assert one_order_only(merged["runs"]) == []
 
 
 @pytest.mark.unit
