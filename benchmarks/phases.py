@@ -486,6 +486,7 @@ def overhead_main(argv=None) -> None:
             ("tokens_per_step", "tokens/step")]
     table = markdown_table(rows, cols)
     payload = {"benchmark": "overhead", "environment": environment(), "args": vars(args),
+               "mtad_policy": policy,  # the MTAD engine's (forced configurations override it)
                "target": str(target), "draft": str(draft), "rows": rows, "runs": runs}
     out = write_outputs("overhead", payload, table, args.out)
     print(table)

@@ -35,7 +35,10 @@ headline ratio's 95 % interval (pairs of the same request and repeat, resampled)
 keeps one engine per family alive in this process; ``family`` runs each family in a process of
 its own per round (where three engines do not fit in memory, as float32 on AVX2); ``repeat``
 builds fresh engines for every round of a (cell, batch) (the study: the default's engine then
-serves that cell only). ``auto`` picks ``run`` or ``family`` by the memory available.
+serves that cell only). ``auto`` picks ``run`` or ``family`` by the memory available. A run
+may be made in parts of one round each, the later parts with ``--first-round`` 1, 2, ... (the
+order turns with the round's index), put together by ``--report-only --merge PART ... --out
+DIR``; a report says where a cell's rounds ran in one order only.
 Output in --out (default benchmarks/results/speed/): speed.json (machine, CPU model and flags,
 code version, every run and request), speed.md (the tables), speed.png; vLLM's log in --log.
 """
@@ -349,12 +352,15 @@ def parse_args(argv):
                          "the two together (in one order, a drift over the run favours "
                          "whatever runs first)")
     ap.add_argument("--merge", nargs="+", default=[],
-                    help="with --report-only: OUT's runs and those of these folders' "
-                         "speed.json in one report (the same pair, machine, dtype, lengths "
-                         "and prompt sets; rounds of different indices)")
+                    help="with --report-only: these folders' runs (their speed.json) in one "
+                         "report in OUT, a folder of its own (the same pair, machine, "
+                         "versions, dtype, engines, γ, lengths and prompt sets; rounds of "
+                         "different indices)")
     args = ap.parse_args(argv)
     if args.merge and not args.report_only:
         ap.error("--merge needs --report-only")
+    if any(Path(m).resolve() == args.out.resolve() for m in args.merge):
+        ap.error("--merge writes into --out: a folder of its own, not one of those merged")
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -439,9 +445,10 @@ def main(argv=None) -> None:
 def report_again(args) -> None:
     """--report-only: speed.json's runs written out again (tables, plot, JSON) with the
     machine, code version, lengths and minutes they were measured with; with --merge, those
-    of other runs beside them (merge_saved)."""
+    of the folders named, put together (merge_saved), into OUT."""
+    sources = [Path(m) for m in args.merge] or [args.out]
     saved = merge_saved([json.loads((folder / "speed.json").read_text())
-                         for folder in [args.out, *map(Path, args.merge)]])
+                         for folder in sources])
     args.lengths, args.until = saved["args"]["lengths"], saved["args"]["until"]
     args.prompt_sets = saved["args"]["prompt_sets"]
     print(write_report(args, saved["target"], saved["draft"], saved["environment"],
@@ -450,8 +457,10 @@ def report_again(args) -> None:
 
 # What runs put together in one report must share: the pair, the machine, the workload.
 SAME_FOR_MERGE = (("target",), ("draft",), ("environment", "cpu_model"),
-                  ("environment", "cpu_flags"), ("environment", "dtype"), ("args", "lengths"),
-                  ("args", "prompt_sets"))
+                  ("environment", "cpu_flags"), ("environment", "vllm"),
+                  ("environment", "torch"), ("environment", "dtype"),
+                  ("environment", "instances"), ("args", "gamma"), ("args", "mtad_gamma"),
+                  ("args", "lengths"), ("args", "prompt_sets"))
 
 
 def merge_saved(saved: list[dict]) -> dict:
@@ -758,8 +767,10 @@ def order_warning(runs: list[dict]) -> list[str]:
     if not pairs:
         return []
     where = ", ".join(f"{cell} at batch {batch}" for cell, batch in pairs)
-    return ["", f"**One order only** ({where}): every round ran the configurations in the "
-            "same order, so a drift of the machine's speed over the run favours some "
+    return ["", f"**Rounds of one parity only** ({where}): run_order reverses the "
+            "configurations' order (and fresh engines' build order) in odd rounds only, so "
+            "here one order held throughout or nearly, and a drift of the machine's speed over "
+            "the run favours some "
             "configurations over others (speed-study-cpu: the target alone ran first in the "
             "one-round batch-16 runs). Another round with "
             "`--first-round 1` and `--report-only --merge` balances it."]

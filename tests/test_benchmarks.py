@@ -943,8 +943,10 @@ def test_report_only_merges_rounds_of_several_runs():
                 for c in ("target", "mtad joint")]
         return {"target": "t", "draft": "d", "minutes": 30.0, "runs": runs,
                 "environment": {"cpu_model": cpu, "cpu_flags": ["avx2"], "dtype": "bfloat16",
+                                "vllm": "0.32.0", "torch": "2.13.0+cpu", "instances": "repeat",
                                 "code_version": commit, "commit": commit},
-                "args": {"lengths": list(lengths), "prompt_sets": ["humaneval", "chat"]}}
+                "args": {"lengths": list(lengths), "prompt_sets": ["humaneval", "chat"],
+                         "gamma": 4, "mtad_gamma": 8}}
 
     merged = merge_saved([saved(0, "aaa"), saved(1, "bbb")])
     assert sorted((r["config"], r["repeat"]) for r in merged["runs"]) == [
@@ -958,6 +960,10 @@ def test_report_only_merges_rounds_of_several_runs():
         merge_saved([saved(0, "aaa"), saved(1, "aaa", cpu="Intel Xeon")])
     with pytest.raises(SystemExit, match="lengths"):
         merge_saved([saved(0, "aaa"), saved(1, "aaa", lengths=(32, 64))])
+    other_gamma = saved(1, "aaa")
+    other_gamma["args"]["gamma"] = 8
+    with pytest.raises(SystemExit, match="gamma"):
+        merge_saved([saved(0, "aaa"), other_gamma])
     # One round, or rounds of one parity, ran the configurations in one order: flagged.
     from benchmarks.speed import one_order_only
 
