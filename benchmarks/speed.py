@@ -520,7 +520,11 @@ def one_round(bar, engines, spec, plan, families, r, args) -> list:
         bar.set_postfix_str(f"round {r + 1}: {cell} batch {batch}")
         if engines is None:
             measured = []
-            for group in memory_groups(spec, configs):
+            # Odd rounds run the groups in the other order too: otherwise the target alone,
+            # a group of its own where the engines do not fit together, runs first in every
+            # round (the study's batch 4 and 16 before 2026-11-29's second rounds).
+            groups = memory_groups(spec, configs)
+            for group in (groups if r % 2 == 0 else groups[::-1]):
                 measured += in_own_process(fresh_round, (spec, cell, batch, r, group,
                                                          args.lengths, args.prompt_sets),
                                            bar.update, f"round {r} of {cell} batch {batch}")

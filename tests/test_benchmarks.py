@@ -1005,6 +1005,29 @@ def test_a_fresh_round_splits_its_engines_where_they_do_not_fit(monkeypatch):
 
 
 @pytest.mark.unit
+def test_odd_rounds_run_the_memory_groups_in_the_other_order(monkeypatch):
+    """Where the target alone runs in a process of its own, it must not run first in every
+    round: odd rounds take the groups in the reverse order (as run_order reverses the
+    configurations within a group)."""
+    from types import SimpleNamespace
+
+    from benchmarks import speed
+
+    groups = [["target"], ["vllm_sd", "mtad"]]
+    ran = []
+    monkeypatch.setattr(speed, "memory_groups", lambda spec, configs: groups)
+    monkeypatch.setattr(speed, "prompt_pool", lambda name: [])
+    monkeypatch.setattr(speed, "in_own_process",
+                        lambda work, args, progress, what: ran.append(args[4]) or [])
+    bar = SimpleNamespace(set_postfix_str=lambda s: None, update=lambda n: None)
+    args = SimpleNamespace(instances="repeat", prompt_sets=["chat"], lengths=[8])
+    plan = [("T=0", 16, ["target", "vllm_sd", "mtad"])]
+    for r in range(2):
+        speed.one_round(bar, None, None, plan, ["mtad", "sd", "target"], r, args)
+    assert ran == groups + groups[::-1]
+
+
+@pytest.mark.unit
 def test_the_study_compares_the_default_with_the_best_other_configuration_per_cell():
     """benchmarks.speed's study table: per (cell, batch, prompt set, length) the default's
     decode rate over the best other configuration's on the same requests; the best differs
