@@ -349,12 +349,12 @@ runner's bookkeeping, the beams' block tables, output processing) is host work t
 not speed up. This measures it on the tiny pair, whose forwards are small, at T=0 (greedy) and
 γ = ``--gamma``: the target alone, vLLM SD (``draft_model``, greedy drafts) and, on one MTAD
 engine (fixed policy, every step's (W, γ) forced), FLy (W=1, the draft's argmax chain), MTAD
-W=1 and MTAD W=4 (greedy "joint"). ``--configs`` picks among these and two more on the MTAD engine: ``mtad_none``
-(every step forced to draft nothing: what the engine costs beside the target alone when it does
-not speculate) and ``mtad_default`` (the adaptive policy; the MTAD engine is then built with it,
-and forced configurations override it). ``--sampling`` T=1 (top-k 10, top-p 0.9) instead of
-greedy. Each engine is built once, warmed up on other prompts, then
-the configurations run ``--repeats`` times in alternating order. Per run, from the phase counters
+W=1 and MTAD W=4 (greedy "joint"). ``--configs`` picks among these and two more on the MTAD
+engine: ``mtad_none`` (every step forced to draft nothing: what the engine costs beside the
+target alone when it does not speculate) and ``mtad_default`` (the adaptive policy; the MTAD
+engine is then built with it, and forced configurations override it). ``--sampling`` T=1
+(top-k 10, top-p 0.9) instead of greedy. Each engine is built once, warmed up on other
+prompts, then the configurations run ``--repeats`` times in alternating order. Per run, from the phase counters
 (vllm_mtad.timing) and the run's wall time, in ms a step (``execute_model`` + ``sample_tokens``):
 
 - ``beyond_forwards``: wall time less the target's and the draft's forwards (lm_head included);

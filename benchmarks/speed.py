@@ -349,8 +349,7 @@ def parse_args(argv):
                          "configurations and of building the engines turns with the index "
                          "(run_order): with one round per run, a later run with "
                          "--first-round 1 runs them in the reversed order, and --merge puts "
-                         "the two together (in one order, a drift over the run favours "
-                         "whatever runs first)")
+                         "the two together (one order alone can favour whatever runs first)")
     ap.add_argument("--merge", nargs="+", default=[],
                     help="with --report-only: these folders' runs (their speed.json) in one "
                          "report in OUT, a folder of its own (the same pair, machine, "
@@ -717,7 +716,8 @@ def markdown(runs: list[dict], env: dict, minutes: float, lengths: list[int]) ->
     lines = [f"{env.get('cpu_model', '?')} ({env['cpus']} CPUs; flags "
              f"{' '.join(env.get('cpu_flags', []))}), {env.get('dtype', '?')}; vLLM "
              f"{env['vllm']}, torch {env['torch']}, code {env['code_version']} (commit "
-             f"{' + '.join(c[:12] for c in env['commit'].split(' + '))}), {env['date']}, {minutes:.1f} min.", "",
+             f"{' + '.join(c[:12] for c in env['commit'].split(' + '))}), {env['date']}, "
+             f"{minutes:.1f} min.", "",
              "| cell | batch | decode tok/s: target alone | vLLM SD (acc.) | MTAD default (acc.) "
              f"| MTAD / SD | MTAD / target | end to end, {e2e_head} tokens: MTAD / SD | CPU-s "
              "per token: target, SD, MTAD | MTAD drafted (steps) |",
@@ -772,11 +772,10 @@ def order_warning(runs: list[dict]) -> list[str]:
         return []
     where = ", ".join(f"{cell} at batch {batch}" for cell, batch in pairs)
     return ["", f"**Rounds of one parity only** ({where}): run_order reverses the "
-            "configurations' order (and fresh engines' build order) in odd rounds only, so "
-            "here one order held throughout or nearly, and a drift of the machine's speed over "
-            "the run favours some "
-            "configurations over others (speed-study-cpu: the target alone ran first in the "
-            "one-round batch-16 runs). Another round with "
+            "configurations' order (and fresh engines' processes) in odd rounds only, so here "
+            "what ran first was never timed after the others, and a spread between engine "
+            "instances or a drift in the machine's speed can favour it (speed-study-cpu: the "
+            "target alone ran first in every round at batch 4 and 16). Another round with "
             "`--first-round 1` and `--report-only --merge` balances it."]
 
 
