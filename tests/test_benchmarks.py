@@ -130,6 +130,30 @@ def test_speed_engine_families_in_processes_of_their_own(tmp_path):
 
 
 @pytest.mark.system
+def test_speed_rounds_run_apart_and_merged(tmp_path):
+    """A one-round run is flagged as run in one order; a second run with --first-round 1
+    holds round 1, and --report-only --merge puts both in a folder of its own as two rounds,
+    no longer flagged (and refuses to write into one of the folders it merges)."""
+    common = ["benchmarks.speed", "--tiny", "--batches", "1", "--lengths", "4", "--prompt-sets",
+              "humaneval", "--cells", "T=1", "--configs", "target", "mtad", "--instances", "run",
+              "--repeats", "1", "--max-repeats", "1"]
+    first, second, both = tmp_path / "r0", tmp_path / "r1", tmp_path / "both"
+    run_module(common + ["--out", str(first)], tmp_path)
+    run_module(common + ["--first-round", "1", "--out", str(second)], tmp_path)
+    rounds = lambda d: {r["repeat"] for r in json.loads((d / "speed.json").read_text())["runs"]}
+    assert rounds(first) == {0} and rounds(second) == {1}
+    assert "**Rounds of one parity only** (T=1 at batch 1)" in (first / "speed.md").read_text()
+    run_module(["benchmarks.speed", "--report-only", "--merge", str(first), str(second),
+                "--out", str(both)], tmp_path)
+    assert rounds(both) == {0, 1}
+    assert "one parity only" not in (both / "speed.md").read_text()
+    refused = subprocess.run([sys.executable, "-m", "benchmarks.speed", "--report-only",
+                              "--merge", str(first), str(second), "--out", str(first)],
+                             cwd=ROOT, capture_output=True, text=True)
+    assert refused.returncode != 0 and "a folder of its own" in refused.stderr
+
+
+@pytest.mark.system
 @pytest.mark.slow
 def test_speed_study_preset_on_tiny_pair(tmp_path):
     """The study's settings on the tiny pair: fresh engines every round (a process each), the
